@@ -1,0 +1,66 @@
+"""Checkpoints that appear only once complete, and describe the run that wrote them.
+
+A checkpoint is written into a hidden temporary folder and renamed into place
+(`checkpoints/ckpt-00000120/`): a crash or kill mid-save leaves the previous checkpoint as the
+latest complete one. Each holds `meta.json` (step, epoch, mesh, versions, the resolved recipe), so
+`dtcli eval` and `--resume` need nothing but the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+META = "meta.json"
+_NAME = re.compile(r"ckpt-(\d+)$")
+
+
+def complete(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / META).is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = complete(run_dir)
+    return found[-1] if found else None
+
+
+def read_meta(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((Path(checkpoint) / META).read_text())
+
+
+class Checkpointer:
+    """Saves and restores the model, optimizer and counters of one run."""
+
+    def __init__(self, run_dir: Path, objects: dict[str, Any], keep: int):
+        import tensorflow as tf
+
+        self.folder = Path(run_dir) / CHECKPOINTS
+        self.keep = keep
+        self.ckpt = tf.train.Checkpoint(**objects)
+
+    def save(self, step: int, meta: dict[str, Any]) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"ckpt-{step:08d}"
+        tmp = self.folder / f".tmp-ckpt-{step:08d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.ckpt.write(str(tmp / "ckpt"))
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+        if final.exists():  # the same step saved again (e.g. interrupted right after a save)
+            shutil.rmtree(final)
+        os.rename(tmp, final)  # atomic: the checkpoint is visible only once complete
+        for old in complete(self.folder.parent)[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def restore(self, checkpoint: Path) -> None:
+        self.ckpt.read(str(Path(checkpoint) / "ckpt")).assert_existing_objects_matched()

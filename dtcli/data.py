@@ -1,0 +1,309 @@
+"""Data sets (embedded, TFDS, IDX files, synthetic), fixed-shape batches, and packing onto a mesh.
+
+Data is held in host memory as numpy arrays: the data sets dtcli targets are small enough, and
+host-side batching keeps every batch the same shape (no retracing) and the order a pure function
+of (seed, epoch), which makes resuming exact. A ragged last batch is padded and masked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dtcli.errors import UsageError
+from dtcli.recipe import UNSHARDED, DataConfig
+
+
+@dataclass(frozen=True)
+class Split:
+    x: np.ndarray  # float32, (N, *example_shape), scaled to [0, 1]
+    y: np.ndarray  # int32, (N,)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    train: Split
+    eval: Split
+    num_classes: int
+    description: str
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+
+@dataclass(frozen=True)
+class Batch:
+    x: np.ndarray
+    y: np.ndarray
+    mask: np.ndarray  # 1.0 for real examples, 0.0 for padding
+
+
+def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> Dataset:
+    """Load the configured data set, scaled to [0, 1] and shaped for the model."""
+    if cfg.source == "embedded":
+        ds = _embedded(cfg)
+    elif cfg.source == "idx":
+        ds = _idx(cfg)
+    elif cfg.source == "tfds":
+        ds = _tfds(cfg, split_names)
+    else:
+        ds = _synthetic(cfg)
+    return Dataset(_shape(ds.train, cfg), _shape(ds.eval, cfg), ds.num_classes, ds.description)
+
+
+def _shape(split: Split, cfg: DataConfig) -> Split:
+    x = split.x
+    if cfg.flatten:
+        x = x.reshape(len(x), -1)
+    elif x.ndim == 3:  # (N, H, W) images get a channel dim for Conv2D
+        x = x[..., None]
+    return Split(np.ascontiguousarray(x, dtype=np.float32), split.y.astype(np.int32))
+
+
+def _scale(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) / 255.0
+    return x.astype(np.float32)
+
+
+def _ranges(n: int, cfg: DataConfig, where: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Default ranges when one array serves train and eval: first half trains, second evaluates."""
+    train = cfg.train_range or (0, n // 2)
+    evaluate = cfg.eval_range or (n // 2, n)
+    for key, (lo, hi) in (("train_range", train), ("eval_range", evaluate)):
+        if hi > n:
+            raise UsageError(f"recipe key 'data.{key}': [{lo}, {hi}) is past the {n} examples of {where}")
+    if train[0] < evaluate[1] and evaluate[0] < train[1]:
+        raise UsageError(
+            f"recipe key 'data.eval_range': {list(evaluate)} overlaps data.train_range {list(train)}"
+        )
+    return train, evaluate
+
+
+def _embedded(cfg: DataConfig) -> Dataset:
+    if cfg.name != "digits":
+        raise UsageError(f"recipe key 'data.name': the embedded data set is 'digits', got {cfg.name!r}")
+    # scikit-learn ships the UCI 8x8 handwritten digits (1797 examples, values 0..16) as a CSV.
+    # Read the file directly: importing scikit-learn would cost a second for nothing.
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise UsageError("data.source embedded: scikit-learn is not installed (pip install scikit-learn)")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    table = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    x = table[:, :-1].reshape(-1, 8, 8) / 16.0
+    y = table[:, -1].astype(np.int32)
+    # The file is ordered by writer; a fixed permutation makes both halves alike.
+    order = np.random.default_rng(1797).permutation(len(y))
+    x, y = x[order], y[order]
+    cut = len(y) * 4 // 5
+    if cfg.train_range is None and cfg.eval_range is None:
+        train, evaluate = (0, cut), (cut, len(y))
+    else:
+        train, evaluate = _ranges(len(y), cfg, "the embedded digits")
+    return Dataset(
+        Split(x[slice(*train)], y[slice(*train)]),
+        Split(x[slice(*evaluate)], y[slice(*evaluate)]),
+        10,
+        f"embedded digits 8x8 ({train[1] - train[0]} train, {evaluate[1] - evaluate[0]} eval)",
+    )
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (optionally gzipped) into a numpy array."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise UsageError(f"recipe key 'data.path': {path} is not an unsigned-byte IDX file")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise UsageError(f"recipe key 'data.path': {path} is truncated")
+    return body.reshape(dims)
+
+
+def _idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def find(kind: str) -> Path | None:
+        hits = sorted(folder.glob(f"{prefix}-{kind}-idx*-ubyte*"))
+        return hits[0] if hits else None
+
+    images, labels = find("images"), find("labels")
+    if images is None or labels is None:
+        return None
+    x, y = read_idx(images), read_idx(labels)
+    if len(x) != len(y):
+        raise UsageError(f"recipe key 'data.path': {images.name} and {labels.name} differ in length")
+    return x, y
+
+
+def _idx(cfg: DataConfig) -> Dataset:
+    folder = Path(cfg.path or "")
+    if not folder.is_dir():
+        raise UsageError(f"recipe key 'data.path': {str(folder)!r} is not a folder")
+    train_pair = _idx_pair(folder, "train")
+    eval_pair = _idx_pair(folder, "t10k")
+    if train_pair is None and eval_pair is None:
+        raise UsageError(
+            f"recipe key 'data.path': no IDX files (train-*-idx*-ubyte[.gz] or t10k-*) in {folder}"
+        )
+    if train_pair is not None and eval_pair is not None:
+        tx, ty = train_pair
+        ex, ey = eval_pair
+        tr = cfg.train_range or (0, len(ty))
+        er = cfg.eval_range or (0, len(ey))
+        for key, (lo, hi), n in (("train_range", tr, len(ty)), ("eval_range", er, len(ey))):
+            if hi > n:
+                raise UsageError(f"recipe key 'data.{key}': [{lo}, {hi}) is past the {n} examples")
+    else:
+        x, y = train_pair or eval_pair  # one pair serves both, in disjoint ranges
+        tx = ex = x
+        ty = ey = y
+        tr, er = _ranges(len(y), cfg, str(folder))
+    return Dataset(
+        Split(_scale(tx[slice(*tr)]), ty[slice(*tr)]),
+        Split(_scale(ex[slice(*er)]), ey[slice(*er)]),
+        int(max(ty.max(), ey.max())) + 1,
+        f"IDX files in {folder} (train {tr[0]}-{tr[1] - 1}, eval {er[0]}-{er[1] - 1})",
+    )
+
+
+def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(cfg.name, data_dir=cfg.data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        import difflib
+
+        close = difflib.get_close_matches(cfg.name, tfds.list_builders(), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"recipe key 'data.name': no TFDS data set named {cfg.name!r}{hint}") from None
+    num_classes = builder.info.features["label"].num_classes
+
+    def read(split: str, key: str) -> Split:
+        try:
+            ds = tfds.load(
+                cfg.name, split=split, data_dir=cfg.data_dir, download=cfg.download,
+                as_supervised=True,
+            )
+        except AssertionError:
+            where = cfg.data_dir or "~/tensorflow_datasets"
+            raise UsageError(
+                f"recipe key 'data.name': TFDS data set {cfg.name!r} is not prepared in {where} "
+                f"and data.download is false; prepare it where there is network "
+                f"(`tfds build {cfg.name} --data_dir DIR`) and set data.data_dir=DIR, or "
+                "--set data.download=true"
+            ) from None
+        except ValueError as exc:
+            raise UsageError(f"recipe key 'data.{key}': {split!r} is not a valid split ({exc})") from None
+        xs, ys = [], []
+        for x, y in tfds.as_numpy(ds.batch(4096)):
+            xs.append(x)
+            ys.append(y)
+        if not xs:
+            raise UsageError(f"recipe key 'data.{key}': split {split!r} holds no examples")
+        return Split(_scale(np.concatenate(xs)), np.concatenate(ys))
+
+    train = read(cfg.train_split, "train_split") if "train" in split_names else None
+    evaluate = read(cfg.eval_split, "eval_split")
+    if train is None:
+        train = Split(evaluate.x[:0], evaluate.y[:0])
+    return Dataset(
+        train, evaluate, num_classes,
+        f"TFDS {cfg.name} ({cfg.train_split}: {len(train)}, {cfg.eval_split}: {len(evaluate)})",
+    )
+
+
+def _synthetic(cfg: DataConfig) -> Dataset:
+    rng = np.random.default_rng(12345)
+    dim = int(np.prod(cfg.shape))
+    # Labels are a fixed linear function of the inputs, so the task is learnable.
+    w = rng.standard_normal((dim, cfg.classes)).astype(np.float32)
+
+    def make(n: int) -> Split:
+        x = rng.random((n, *cfg.shape), dtype=np.float32)
+        y = np.argmax(x.reshape(n, dim) @ w, axis=1).astype(np.int32)
+        return Split(x, y)
+
+    return Dataset(
+        make(cfg.count), make(cfg.eval_count), cfg.classes,
+        f"synthetic {list(cfg.shape)} x {cfg.classes} classes ({cfg.count} train, {cfg.eval_count} eval)",
+    )
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The example order of one epoch: a pure function of (seed, epoch), so resuming is exact."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batches(split: Split, batch_size: int, order: np.ndarray | None = None) -> Iterator[Batch]:
+    """Fixed-shape batches; the last one padded with zeros and masked out."""
+    n = len(split)
+    idx = np.arange(n) if order is None else order
+    for start in range(0, n, batch_size):
+        take = idx[start : start + batch_size]
+        x, y = split.x[take], split.y[take]
+        mask = np.ones(batch_size, np.float32)
+        if len(take) < batch_size:
+            pad = batch_size - len(take)
+            x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+            y = np.concatenate([y, np.zeros(pad, y.dtype)])
+            mask[len(take) :] = 0.0
+        yield Batch(x, y, mask)
+
+
+class Packer:
+    """Packs host batches onto the mesh: the batch dim sharded along the data axis.
+
+    Each local device gets the shard of its own coordinate on the data axis, not its position in
+    the device list: on a 2-D mesh (batch=4, model=2) the two devices of one batch row share a
+    shard. (Splitting by device count silently trains on the wrong rows.)
+    """
+
+    def __init__(self, mesh: Any, data_axis: str):
+        self.mesh = mesh
+        self.data_axis = data_axis
+        self.shards = 1 if data_axis == UNSHARDED else mesh.dim_size(data_axis)
+        locations = mesh.local_device_locations()
+        self.shard_of_device = [0 if data_axis == UNSHARDED else loc[data_axis] for loc in locations]
+        self._layouts: dict[int, Any] = {}
+
+    def layout(self, rank: int) -> Any:
+        if rank not in self._layouts:
+            from dtcli.layout import batch_layout
+
+            self._layouts[rank] = batch_layout(self.mesh, self.data_axis, rank)
+        return self._layouts[rank]
+
+    def pack(self, array: np.ndarray) -> Any:
+        from tensorflow.experimental import dtensor
+
+        if len(array) % self.shards:
+            raise UsageError(
+                f"a batch of {len(array)} does not divide by the data axis size {self.shards}"
+            )
+        parts = np.split(array, self.shards)
+        return dtensor.pack([parts[i] for i in self.shard_of_device], self.layout(array.ndim))
+
+    def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
+        return self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)

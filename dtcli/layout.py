@@ -1,0 +1,116 @@
+"""Layout rules -> per-weight sharding specs (pure), and DTensor Layout objects (lazy TF)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from dtcli.errors import UsageError
+from dtcli.recipe import UNSHARDED
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """A weight as the model declares it, before any device is involved."""
+
+    path: str  # "dense_0.kernel" (Sequential/Functional), "encoder.kernel" (subclassed)
+    shape: tuple[int, ...]
+    layer: str = ""  # the layer class that owns it ("Dense", "Conv2D"), for rule checks
+    trainable: bool = True
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """Where one weight lives on the mesh."""
+
+    weight: WeightInfo
+    rule: str | None  # the rule that matched, None for "replicated: no rule"
+    spec: tuple[str, ...]  # one entry per dim: a mesh axis or "unsharded"
+
+    def shard_shape(self, axes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(
+            d if s == UNSHARDED else d // axes[s] for d, s in zip(self.weight.shape, self.spec)
+        )
+
+    def bytes_per_device(self, axes: dict[str, int], itemsize: int = 4) -> int:
+        return math.prod(self.shard_shape(axes)) * itemsize
+
+
+def match_rule(rules: dict[str, list[str]], path: str) -> str | None:
+    """The first rule matching `path`, with tf-keras LayoutMap's semantics (exact key, re.match)."""
+    if path in rules:
+        return path
+    for pattern in rules:
+        if re.match(pattern, path):
+            return pattern
+    return None
+
+
+# Layers whose kernels DTensor cannot shard ("Filter for convolution must have fully
+# replicated layout").
+_CONV_LAYERS = re.compile(r"(Depthwise|Separable)?Conv[123]D(Transpose)?$")
+
+
+def plan_weights(
+    rules: dict[str, list[str]], weights: list[WeightInfo], axes: dict[str, int]
+) -> list[WeightPlan]:
+    """Apply the rules to every weight and check that each resulting layout can work."""
+    plans = []
+    for w in weights:
+        rule = match_rule(rules, w.path)
+        if rule is None:
+            plans.append(WeightPlan(w, None, (UNSHARDED,) * len(w.shape)))
+            continue
+        spec = tuple(rules[rule])
+        key = f"layouts.rules.{rule}"
+        if len(spec) != len(w.shape):
+            raise UsageError(
+                f"recipe key '{key}': gives {len(spec)} dims but weight '{w.path}' has rank "
+                f"{len(w.shape)} (shape {list(w.shape)})"
+            )
+        for axis in spec:
+            if axis != UNSHARDED and axis not in axes:
+                raise UsageError(
+                    f"recipe key '{key}': axis '{axis}' is not in the mesh "
+                    f"{','.join(f'{a}={s}' for a, s in axes.items())} "
+                    f"(add {axis}=1 to the mesh to keep the rule without sharding)"
+                )
+        if _CONV_LAYERS.match(w.layer) and w.path.endswith("kernel") and any(
+            s != UNSHARDED for s in spec
+        ):
+            raise UsageError(
+                f"recipe key '{key}': shards convolution kernel '{w.path}', but DTensor needs "
+                "convolution filters fully replicated; shard the Dense layers and the batch instead"
+            )
+        for dim, (size, axis) in enumerate(zip(w.shape, spec)):
+            if axis != UNSHARDED and size % axes[axis]:
+                raise UsageError(
+                    f"recipe key '{key}': dim {dim} of weight '{w.path}' has size {size}, "
+                    f"which does not divide by mesh axis '{axis}' of size {axes[axis]}"
+                )
+        plans.append(WeightPlan(w, rule, spec))
+    return plans
+
+
+def unused_rules(rules: dict[str, list[str]], plans: list[WeightPlan]) -> list[str]:
+    used = {p.rule for p in plans}
+    return [r for r in rules if r not in used]
+
+
+def to_layout(spec: tuple[str, ...] | list[str], mesh: Any) -> Any:
+    from tensorflow.experimental import dtensor
+
+    return dtensor.Layout([dtensor.UNSHARDED if s == UNSHARDED else s for s in spec], mesh)
+
+
+def batch_layout(mesh: Any, data_axis: str, rank: int) -> Any:
+    """Inputs: the batch dim sharded along the data axis, every other dim replicated."""
+    return to_layout((data_axis,) + (UNSHARDED,) * (rank - 1), mesh)
+
+
+def replicated(mesh: Any, rank: int) -> Any:
+    from tensorflow.experimental import dtensor
+
+    return dtensor.Layout.replicated(mesh, rank)

@@ -1,0 +1,62 @@
+"""Mesh arithmetic (pure) and mesh construction (TensorFlow, imported lazily)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dtcli.errors import UsageError
+from dtcli.recipe import UNSHARDED
+
+
+def mesh_text(axes: dict[str, int]) -> str:
+    return ",".join(f"{a}={s}" for a, s in axes.items())
+
+
+def resolve_axes(axes: dict[str, int], device_count: int) -> dict[str, int]:
+    """Fill a -1 axis with the remaining devices and check the sizes multiply to the count."""
+    known = math.prod(s for s in axes.values() if s != -1)
+    fill = [a for a, s in axes.items() if s == -1]
+    if fill:
+        if device_count % known:
+            raise UsageError(
+                f"mesh {mesh_text(axes)}: the fixed axes ({known} devices) do not divide the "
+                f"{device_count} devices"
+            )
+        axes = {a: (device_count // known if s == -1 else s) for a, s in axes.items()}
+    total = math.prod(axes.values())
+    if total != device_count:
+        raise UsageError(
+            f"mesh {mesh_text(axes)}: axis sizes multiply to {total}, but there are "
+            f"{device_count} devices (set --devices or the recipe key 'devices', or use -1 for "
+            "one axis)"
+        )
+    return axes
+
+
+def device_count_for(axes: dict[str, int]) -> int | None:
+    """The device count a mesh asks for, or None when one axis is -1."""
+    if any(s == -1 for s in axes.values()):
+        return None
+    return math.prod(axes.values())
+
+
+def data_shards(axes: dict[str, int], data_axis: str) -> int:
+    """How many shards the batch dim is cut into (1 when the batch is replicated)."""
+    return 1 if data_axis == UNSHARDED else axes[data_axis]
+
+
+def check_batch(axes: dict[str, int], data_axis: str, batch_size: int, key: str) -> None:
+    shards = data_shards(axes, data_axis)
+    if batch_size % shards:
+        raise UsageError(
+            f"recipe key '{key}': {batch_size} does not divide by the data axis "
+            f"'{data_axis}' of size {shards} (mesh {mesh_text(axes)})"
+        )
+
+
+def build_mesh(axes: dict[str, int], device_type: str) -> Any:
+    """A DTensor mesh over the local devices of `device_type`, axes in recipe order."""
+    from tensorflow.experimental import dtensor
+
+    return dtensor.create_mesh(list(axes.items()), device_type=device_type)

@@ -1,0 +1,437 @@
+"""The recipe: one typed, frozen tree loaded from YAML and validated before any TensorFlow work.
+
+Every key has a type; unknown keys are errors that name the full key path and suggest the
+closest known key. `--set a.b=value` overrides go through the same type checks as the file.
+This module never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from dtcli.errors import UsageError
+
+UNSHARDED = "unsharded"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where examples come from and how they are batched."""
+
+    source: Literal["embedded", "tfds", "idx", "synthetic"] = "embedded"
+    # embedded: the data set's name ("digits"); tfds: the TFDS name ("mnist").
+    name: str = "digits"
+    # idx: a folder holding MNIST-format IDX files (train-* and/or t10k-*).
+    path: str | None = None
+    # tfds: split strings, TFDS slicing allowed ("train[:5000]").
+    train_split: str = "train"
+    eval_split: str = "test"
+    data_dir: str | None = None
+    download: bool = False
+    # idx (and embedded): example index ranges [start, stop) when one file pair serves both.
+    train_range: tuple[int, int] | None = None
+    eval_range: tuple[int, int] | None = None
+    # synthetic: the shape of one example, the class count, the example counts.
+    shape: tuple[int, ...] = (28, 28, 1)
+    classes: int = 10
+    count: int = 4096
+    eval_count: int = 1024
+    # The global batch (all devices together); it must divide by the data axis size.
+    batch_size: int = 128
+    eval_batch_size: int | None = None
+    flatten: bool = True
+    shuffle: bool = True
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """How tensors are laid out on the mesh."""
+
+    # The mesh axis input batches are sharded along; replicated along the other axes.
+    data_axis: str = "batch"
+    # Ordered rules: regex over weight paths -> one entry per tensor dim (axis name or unsharded).
+    rules: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model: a tf-keras layer list or build function, or a Core-API MLP."""
+
+    api: Literal["keras", "core"] = "keras"
+    # keras: a list of layers, each `ClassName` or `{ClassName: {arg: value}}`.
+    layers: list[Any] | None = None
+    # keras: "package.module:function" returning a tf_keras.Model, called with
+    # (input_shape, num_classes, **args).
+    build: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    # core: hidden layer widths and activation; the output layer has one unit per class.
+    hidden: list[int] = field(default_factory=lambda: [128])
+    activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: Literal["sgd", "adam", "adamw"] = "adam"
+    learning_rate: float = 1e-3
+    momentum: float = 0.0
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    weight_decay: float = 0.004
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    # Stop each epoch after this many steps (None: one pass over the training data).
+    steps_per_epoch: int | None = None
+    # Save a checkpoint every N epochs (0: only at the end) and keep the last K.
+    checkpoint_every: int = 1
+    keep: int = 3
+    # Write the per-step training loss to TensorBoard every N steps.
+    log_every: int = 10
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str = "run"
+    seed: int = 0
+    # cpu, cpu:N (N virtual CPUs), gpu, gpu:N, tpu, or auto.
+    devices: str = "auto"
+    # Ordered named mesh axes; one size may be -1 (the remaining devices).
+    mesh: dict[str, int] = field(default_factory=lambda: {"batch": -1})
+    layouts: LayoutConfig = field(default_factory=LayoutConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# --------------------------------------------------------------------------- type checking
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is bool:
+        return "true or false"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in inner) + " or null"
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+        return f"a list of {len(args)} items"
+    if origin is list:
+        return "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return str(tp)
+
+
+def _fail(path: str, tp: Any, value: Any) -> UsageError:
+    return UsageError(f"recipe key '{path}': expected {_describe(tp)}, got {value!r}")
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """Check `value` against the type `tp` and return it in canonical form."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            try:
+                return _coerce(inner[0], value, path)
+            except UsageError:
+                raise _fail(path, tp, value) from None
+        raise _fail(path, tp, value)
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise _fail(path, tp, value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _fail(path, tp, value)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _fail(path, tp, value)
+    if tp is float:
+        # YAML 1.1 reads `1e-3` (no dot) as a string: accept anything float() parses.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _fail(path, tp, value)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _fail(path, tp, value)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise _fail(path, tp, value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise _fail(path, tp, value)
+        return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise _fail(path, tp, value)
+        return [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise _fail(path, tp, value)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise UsageError(f"recipe key '{path}': keys must be strings, got {k!r}")
+            out[k] = _coerce(val_tp, v, f"{path}.{k}")
+        return out
+    raise TypeError(f"unsupported recipe type {tp!r} at {path}")  # a bug in this module
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"recipe key '{path or '<top>'}': expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            full = f"{path}.{key}" if path else str(key)
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"unknown recipe key '{full}'{hint}")
+    kwargs = {}
+    for name in names:
+        if name in raw:
+            kwargs[name] = _coerce(hints[name], raw[name], f"{path}.{name}" if path else name)
+    return cls(**kwargs)
+
+
+# --------------------------------------------------------------------------- semantics
+
+
+def _check(recipe: Recipe) -> Recipe:
+    """Checks that need more than one key's type; no devices or TensorFlow needed."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", recipe.name):
+        raise UsageError(
+            f"recipe key 'name': expected letters, digits, '_', '.', '-', got {recipe.name!r}"
+        )
+    if not recipe.mesh:
+        raise UsageError("recipe key 'mesh': expected at least one axis, like {batch: 8}")
+    fill = [a for a, s in recipe.mesh.items() if s == -1]
+    if len(fill) > 1:
+        raise UsageError(f"recipe key 'mesh': at most one axis may be -1, got {fill}")
+    for axis, size in recipe.mesh.items():
+        if size == 0 or size < -1:
+            raise UsageError(f"recipe key 'mesh.{axis}': expected a positive size or -1, got {size}")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == UNSHARDED:
+            raise UsageError(f"recipe key 'mesh.{axis}': not a usable axis name")
+    lay = recipe.layouts
+    if lay.data_axis not in recipe.mesh and lay.data_axis != UNSHARDED:
+        raise UsageError(
+            f"recipe key 'layouts.data_axis': axis '{lay.data_axis}' is not in the mesh "
+            f"{_mesh_text(recipe.mesh)} (use a mesh axis or 'unsharded')"
+        )
+    for pattern, dims in lay.rules.items():
+        key = f"layouts.rules.{pattern}"
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"recipe key '{key}': not a valid regex ({exc})") from None
+        for dim in dims:
+            if dim != UNSHARDED and dim not in recipe.mesh:
+                raise UsageError(
+                    f"recipe key '{key}': axis '{dim}' is not in the mesh "
+                    f"{_mesh_text(recipe.mesh)} (expected a mesh axis or 'unsharded')"
+                )
+        used = [d for d in dims if d != UNSHARDED]
+        if len(used) != len(set(used)):
+            raise UsageError(f"recipe key '{key}': a mesh axis may shard only one dim, got {dims}")
+    m = recipe.model
+    if m.api == "keras":
+        if (m.layers is None) == (m.build is None):
+            raise UsageError("recipe key 'model': api keras needs exactly one of 'layers' or 'build'")
+        if m.build is not None and not re.fullmatch(r"[\w.]+:\w+", m.build):
+            raise UsageError(
+                f"recipe key 'model.build': expected 'package.module:function', got {m.build!r}"
+            )
+    else:
+        if m.layers is not None or m.build is not None:
+            raise UsageError("recipe key 'model': api core takes 'hidden' and 'activation', "
+                             "not 'layers' or 'build'")
+        if not all(h > 0 for h in m.hidden):
+            raise UsageError(f"recipe key 'model.hidden': expected positive widths, got {m.hidden}")
+    d = recipe.data
+    for key in ("batch_size", "classes", "count", "eval_count"):
+        if getattr(d, key) <= 0:
+            raise UsageError(f"recipe key 'data.{key}': expected a positive integer")
+    if d.eval_batch_size is not None and d.eval_batch_size <= 0:
+        raise UsageError("recipe key 'data.eval_batch_size': expected a positive integer")
+    if d.source == "idx" and not d.path:
+        raise UsageError("recipe key 'data.path': source idx needs the folder of IDX files")
+    for key in ("train_range", "eval_range"):
+        rng = getattr(d, key)
+        if rng is not None and not 0 <= rng[0] < rng[1]:
+            raise UsageError(f"recipe key 'data.{key}': expected [start, stop) with 0 <= start < stop")
+    t = recipe.train
+    if t.epochs < 1:
+        raise UsageError("recipe key 'train.epochs': expected an integer >= 1")
+    if t.steps_per_epoch is not None and t.steps_per_epoch < 1:
+        raise UsageError("recipe key 'train.steps_per_epoch': expected an integer >= 1 or null")
+    if t.checkpoint_every < 0 or t.keep < 1 or t.log_every < 1:
+        raise UsageError("recipe key 'train': checkpoint_every >= 0, keep >= 1, log_every >= 1")
+    if recipe.optimizer.learning_rate <= 0:
+        raise UsageError("recipe key 'optimizer.learning_rate': expected a positive number")
+    return recipe
+
+
+def _mesh_text(mesh: dict[str, int]) -> str:
+    return ",".join(f"{a}={s}" for a, s in mesh.items())
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def parse_mesh_arg(text: str) -> dict[str, int]:
+    """`batch=4,model=2` -> {"batch": 4, "model": 2} (the --mesh argument)."""
+    mesh: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.strip().partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--mesh {text!r}: expected AXIS=SIZE[,AXIS=SIZE...], like batch=4,model=2")
+        try:
+            mesh[name.strip()] = int(size)
+        except ValueError:
+            raise UsageError(f"--mesh {text!r}: size of axis '{name}' must be an integer") from None
+    return mesh
+
+
+def apply_set(raw: dict, assignment: str) -> None:
+    """Apply one `--set key.path=value` to the raw recipe mapping (value parsed as YAML)."""
+    key, sep, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not key.strip() or any(not p for p in parts):
+        raise UsageError(f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        raise UsageError(f"--set {assignment!r}: the value is not valid YAML") from None
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UsageError(f"--set {assignment!r}: '{'.'.join(parts[: i + 1])}' is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def from_mapping(raw: dict | None) -> Recipe:
+    """Validate a raw mapping into a Recipe (raises UsageError naming the key at fault)."""
+    return _check(_build(Recipe, raw, ""))
+
+
+def read_raw(path: str | Path) -> dict:
+    """Read a recipe file as a raw mapping (no validation yet)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"recipe {str(p)!r}: no such file")
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UsageError(f"recipe {str(p)!r}: cannot read it ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UsageError(f"recipe {str(p)!r}: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"recipe {str(p)!r}: expected a mapping at the top level")
+    return raw
+
+
+def load(
+    path: str | Path,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    epochs: int | None = None,
+) -> Recipe:
+    """Load a recipe file, apply command-line overrides, and validate the whole tree."""
+    raw = read_raw(path)
+    for assignment in sets:
+        apply_set(raw, assignment)
+    if mesh is not None:
+        raw["mesh"] = parse_mesh_arg(mesh)
+    if devices is not None:
+        raw["devices"] = devices
+    if epochs is not None:
+        raw.setdefault("train", {})
+        if not isinstance(raw["train"], dict):
+            raise UsageError("recipe key 'train': expected a mapping")
+        raw["train"]["epochs"] = epochs
+    return from_mapping(raw)
+
+
+def to_mapping(recipe: Recipe) -> dict:
+    """The recipe as plain YAML-ready data (tuples become lists)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(recipe))
+
+
+def dump(recipe: Recipe) -> str:
+    return yaml.safe_dump(to_mapping(recipe), sort_keys=False)
+
+
+def replace(recipe: Recipe, **changes: Any) -> Recipe:
+    """A copy of the recipe with top-level fields changed, re-validated."""
+    return _check(dataclasses.replace(recipe, **changes))
