@@ -62,5 +62,35 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def restore(self, checkpoint: Path) -> None:
-        self.ckpt.read(str(Path(checkpoint) / "ckpt")).assert_existing_objects_matched()
+    def restore(self, checkpoint: Path, weights: list | None = None, partial: bool = False) -> None:
+        """Restore into the live objects, which may sit on another mesh than the writer's.
+
+        `weights` (WeightInfo of the live model) are checked against the shapes the checkpoint
+        recorded, so a checkpoint of another model fails with the first weight that differs.
+        `partial`: restore only the objects this Checkpointer tracks (eval needs no optimizer).
+        """
+        if weights is not None:
+            check_weights(checkpoint, weights)
+        status = self.ckpt.read(str(Path(checkpoint) / "ckpt"))
+        if partial:
+            status.expect_partial()
+        else:
+            status.assert_existing_objects_matched()
+
+
+def check_weights(checkpoint: Path, weights: list) -> None:
+    from dtcli.errors import UsageError
+
+    saved = read_meta(checkpoint).get("weights", {})
+    live = {w.path: list(w.shape) for w in weights}
+    for path, shape in live.items():
+        if path not in saved:
+            raise UsageError(f"checkpoint {checkpoint}: has no weight '{path}' (it was written "
+                             "by another model)")
+        if saved[path] != shape:
+            raise UsageError(f"checkpoint {checkpoint}: weight '{path}' has shape {saved[path]} "
+                             f"there but {shape} in this model (it was written by another recipe)")
+    extra = [p for p in saved if p not in live]
+    if extra:
+        raise UsageError(f"checkpoint {checkpoint}: weight '{extra[0]}' is not in this model "
+                         "(it was written by another recipe)")

@@ -47,22 +47,86 @@ DevicesOption = typer.Option(None, "--devices", help="cpu, cpu:N, gpu, gpu:N, tp
 @app.command()
 @_handled
 def train(
-    recipe: Path = typer.Argument(..., help="The recipe YAML file."),
+    recipe: Optional[Path] = typer.Argument(None, help="The recipe YAML file."),
     sets: Optional[list[str]] = SetOption,
     mesh: Optional[str] = MeshOption,
     devices: Optional[str] = DevicesOption,
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Override train.epochs."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
-    from dtcli import recipe as recipe_lib
+    from dtcli import train as train_lib
 
-    loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices, epochs=epochs)
-    from dtcli.train import train as run_training
+    if resume is not None:
+        if recipe is not None or out is not None:
+            raise UsageError("--resume RUN_DIR takes its recipe and folder from the run: "
+                             "give no RECIPE and no --out")
+        loaded = train_lib.resume_recipe(resume, sets or [], mesh=mesh, devices=devices,
+                                         epochs=epochs)
+    elif recipe is None:
+        raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
+    else:
+        from dtcli import recipe as recipe_lib
 
-    result = run_training(loaded, out=out, progress=not no_progress)
+        loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices, epochs=epochs)
+    try:
+        result = train_lib.train(loaded, out=out, resume=resume, progress=not no_progress)
+    except train_lib.Interrupted as exc:
+        print(str(exc), file=sys.stderr)
+        raise typer.Exit(130) from None
     print(result.run_dir)
+
+
+@app.command("eval")
+@_handled
+def eval_(
+    checkpoint: Path = typer.Argument(..., help="A run directory (its latest checkpoint) or "
+                                      "one checkpoint folder."),
+    split: str = typer.Option("eval", "--split", help="eval or train."),
+    mesh: Optional[str] = MeshOption,
+    devices: Optional[str] = DevicesOption,
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Evaluation batch size."),
+    sets: Optional[list[str]] = SetOption,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
+) -> None:
+    """Evaluate a checkpoint, on the mesh it was trained on or another one."""
+    from dtcli import evaluate as evaluate_lib
+
+    found = evaluate_lib.find_checkpoint(checkpoint)
+    loaded = evaluate_lib.checkpoint_recipe(found, sets or [], mesh=mesh, devices=devices,
+                                            batch_size=batch_size)
+    result = evaluate_lib.evaluate_checkpoint(found, loaded, split)
+    if as_json:
+        import json
+
+        print(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{found}", show_header=False)
+    for key in ("split", "examples", "loss", "accuracy", "mesh", "devices", "trained_on_mesh",
+                "step"):
+        value = result[key]
+        table.add_row(key, f"{value:.6f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+
+
+@app.command()
+@_handled
+def export(
+    checkpoint: Path = typer.Argument(..., help="A run directory or one checkpoint folder."),
+    out: Path = typer.Option(..., "--out", help="Folder for the SavedModel."),
+) -> None:
+    """Export a checkpoint as a SavedModel serving plain tensors on one device."""
+    from dtcli import evaluate as evaluate_lib
+    from dtcli import export as export_lib
+
+    found = evaluate_lib.find_checkpoint(checkpoint)
+    print(export_lib.export(found, evaluate_lib.checkpoint_recipe(found), out))
 
 
 @app.command()

@@ -95,6 +95,8 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
     import tf_keras
 
     tf_keras.backend.reset_uids()
+    # Dropout and other random layers need tf.random.Generator under DTensor.
+    tf_keras.backend.experimental.enable_tf_random_generator()
     if cfg.build is not None:
         module_name, fn_name = cfg.build.split(":")
         try:
@@ -236,28 +238,22 @@ def describe_core(cfg: ModelConfig, input_shape: tuple[int, ...],
     return infos
 
 
-def build_core(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, mesh: Any,
-               plans: list[WeightPlan], seed: int) -> Built:
+def _core_module(cfg: ModelConfig, variables: dict[str, Any]) -> Any:
+    """The Core MLP as a tf.Module over given variables (DVariables on a mesh, or plain ones).
+
+    Its tracked structure (layers/N/kernel, layers/N/bias) is the same either way, so a checkpoint
+    written on a mesh restores into the plain module (export) and vice versa.
+    """
     import tensorflow as tf
-    from tensorflow.experimental import dtensor
 
     activation = {"relu": tf.nn.relu, "tanh": tf.nn.tanh, "sigmoid": tf.nn.sigmoid,
                   "gelu": tf.nn.gelu}[cfg.activation]
-    by_path = {p.weight.path: p for p in plans}
 
     class Dense(tf.Module):
-        def __init__(self, index: int, n_in: int, n_out: int):
+        def __init__(self, index: int):
             super().__init__(name=f"dense_{index}")
-            k_layout = to_layout(by_path[f"dense_{index}.kernel"].spec, mesh)
-            b_layout = to_layout(by_path[f"dense_{index}.bias"].spec, mesh)
-            limit = float(np.sqrt(6.0 / (n_in + n_out)))  # Glorot (Xavier) uniform, as seed 000
-            # Drawn on a replicated layout (identical on every mesh), then relaid out.
-            kernel = dtensor.call_with_layout(
-                tf.random.stateless_uniform, replicated(mesh, 2), shape=(n_in, n_out),
-                seed=(seed, index), minval=-limit, maxval=limit)
-            self.kernel = dtensor.DVariable(dtensor.relayout(kernel, k_layout), name="kernel")
-            self.bias = dtensor.DVariable(
-                dtensor.call_with_layout(tf.zeros, b_layout, shape=(n_out,)), name="bias")
+            self.kernel = variables[f"dense_{index}.kernel"]
+            self.bias = variables[f"dense_{index}.bias"]
 
         def __call__(self, x: Any) -> Any:
             return tf.matmul(x, self.kernel) + self.bias
@@ -265,23 +261,57 @@ def build_core(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
     class MLP(tf.Module):
         def __init__(self):
             super().__init__(name="mlp")
-            widths = [input_shape[0], *cfg.hidden, num_classes]
-            self.layers = [Dense(i, a, b) for i, (a, b) in enumerate(zip(widths, widths[1:]))]
+            self.layers = [Dense(i) for i in range(len(cfg.hidden) + 1)]
 
         def __call__(self, x: Any, training: bool = False) -> Any:
             for layer in self.layers[:-1]:
                 x = activation(layer(x))
             return self.layers[-1](x)
 
-    mlp = MLP()
-    variables = [v for layer in mlp.layers for v in (layer.kernel, layer.bias)]
+    return MLP()
+
+
+def build_core(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, mesh: Any,
+               plans: list[WeightPlan], seed: int) -> Built:
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    variables = {}
+    for plan in plans:
+        path, shape = plan.weight.path, plan.weight.shape
+        layout = to_layout(plan.spec, mesh)
+        if path.endswith(".kernel"):
+            index = int(path.split(".")[0].split("_")[1])
+            limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))  # Glorot uniform, as seed 000
+            # Drawn on a replicated layout (identical on every mesh), then relaid out.
+            value = dtensor.call_with_layout(
+                tf.random.stateless_uniform, replicated(mesh, 2), shape=shape,
+                seed=(seed, index), minval=-limit, maxval=limit)
+            value = dtensor.relayout(value, layout)
+        else:
+            value = dtensor.call_with_layout(tf.zeros, layout, shape=shape)
+        variables[path] = dtensor.DVariable(value, name=path.split(".")[1])
+    mlp = _core_module(cfg, variables)
     return Built(
         module=mlp,
         forward=lambda x, training: mlp(x, training=training),
         regularization=None,
-        trainable_variables=variables,
+        trainable_variables=[variables[p.weight.path] for p in plans],
         weights=[p.weight for p in plans],
     )
+
+
+def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model with plain variables on one device (no mesh): for export."""
+    import tensorflow as tf
+
+    if cfg.api == "keras":
+        model = _keras_model(cfg, input_shape, num_classes)
+        _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
+        return model
+    variables = {w.path: tf.Variable(tf.zeros(w.shape), name=w.path.split(".")[1])
+                 for w in describe_core(cfg, input_shape, num_classes)}
+    return _core_module(cfg, variables)
 
 
 def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
@@ -296,6 +326,8 @@ def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
 
 
 def _variables_in_plan_order(built: Built) -> list:
-    if hasattr(built.module, "layers") and not hasattr(built.module, "_flatten_layers"):
-        return [v for layer in built.module.layers for v in (layer.kernel, layer.bias)]
-    return [var for _, var, _ in _keras_variables(built.module)]
+    import tf_keras
+
+    if isinstance(built.module, tf_keras.Model):
+        return [var for _, var, _ in _keras_variables(built.module)]
+    return [v for layer in built.module.layers for v in (layer.kernel, layer.bias)]

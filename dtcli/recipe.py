@@ -7,6 +7,7 @@ This module never imports TensorFlow.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -344,6 +345,31 @@ def parse_mesh_arg(text: str) -> dict[str, int]:
     return mesh
 
 
+def _with_layout_axes(axes: dict[str, int], layouts: Any) -> dict[str, int]:
+    """A --mesh that leaves out axes the layout rules name gets them with size 1.
+
+    So `--mesh batch=8` runs a tensor-parallel recipe data-parallel (its `model` rules shard
+    nothing), and a checkpoint evaluates on any mesh. In the recipe file itself, an axis the
+    mesh lacks is still an error (most likely a typo).
+    """
+    named: list[str] = []
+    if isinstance(layouts, dict):
+        data_axis = layouts.get("data_axis", "batch")
+        named.append(data_axis if isinstance(data_axis, str) else "")
+        rules = layouts.get("rules") or {}
+        if isinstance(rules, dict):
+            for dims in rules.values():
+                if isinstance(dims, list):
+                    named += [d for d in dims if isinstance(d, str)]
+    else:
+        named.append("batch")
+    out = dict(axes)
+    for axis in named:
+        if axis and axis != UNSHARDED and axis not in out:
+            out[axis] = 1
+    return out
+
+
 def apply_set(raw: dict, assignment: str) -> None:
     """Apply one `--set key.path=value` to the raw recipe mapping (value parsed as YAML)."""
     key, sep, text = assignment.partition("=")
@@ -393,18 +419,21 @@ def read_raw(path: str | Path) -> dict:
 
 
 def load(
-    path: str | Path,
+    path: str | Path | dict,
     sets: list[str] | tuple[str, ...] = (),
     mesh: str | None = None,
     devices: str | None = None,
     epochs: int | None = None,
 ) -> Recipe:
-    """Load a recipe file, apply command-line overrides, and validate the whole tree."""
-    raw = read_raw(path)
+    """Load a recipe (a file, or a raw mapping), apply command-line overrides, validate it all."""
+    raw = copy.deepcopy(path) if isinstance(path, dict) else read_raw(path)
     for assignment in sets:
         apply_set(raw, assignment)
     if mesh is not None:
-        raw["mesh"] = parse_mesh_arg(mesh)
+        raw["mesh"] = _with_layout_axes(parse_mesh_arg(mesh), raw.get("layouts"))
+        if devices is None and isinstance(raw.get("devices"), str):
+            # A new mesh without --devices: the device count follows the mesh ("cpu:8" -> "cpu").
+            raw["devices"] = raw["devices"].split(":")[0]
     if devices is not None:
         raw["devices"] = devices
     if epochs is not None:

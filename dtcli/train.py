@@ -8,6 +8,7 @@ regularization, so one recipe gives the same numbers on any mesh.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -181,33 +182,64 @@ class RunResult:
     history: list[dict[str, Any]]
 
 
-def train(recipe: Recipe, out: Path | None = None, console: Any = None,
-          progress: bool = True) -> RunResult:
-    """Train a recipe end to end and write its run directory."""
+RECIPE_FILE = "recipe.yaml"
+
+
+def resume_recipe(run_dir: Path, sets: list[str] | tuple[str, ...] = (), mesh: str | None = None,
+                  devices: str | None = None, epochs: int | None = None) -> Recipe:
+    """The recipe a run was written with, with command-line overrides (for --resume)."""
+    path = Path(run_dir) / RECIPE_FILE
+    if not path.is_file():
+        raise UsageError(f"--resume {str(run_dir)!r}: not a run directory (no {RECIPE_FILE})")
+    return recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
+
+
+def train(recipe: Recipe, out: Path | None = None, resume: Path | None = None,
+          console: Any = None, progress: bool = True) -> RunResult:
+    """Train a recipe end to end and write its run directory (or continue one with `resume`)."""
     from rich.console import Console
 
     from dtcli import checkpoint as ckpt_lib
+    from dtcli import metrics as metrics_lib
     from dtcli import plot as plot_lib
-    from dtcli.metrics import MetricsWriter
 
     console = console or Console(stderr=True)
-    run_dir = Path(out) if out is not None else default_run_dir(recipe)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise UsageError(f"--out {str(run_dir)!r}: the folder exists and is not empty")
+    if resume is not None:
+        run_dir = Path(resume)
+        latest = ckpt_lib.latest(run_dir)
+        if latest is None:
+            raise UsageError(f"--resume {str(run_dir)!r}: no complete checkpoint to resume from")
+    else:
+        run_dir = Path(out) if out is not None else default_run_dir(recipe)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise UsageError(f"--out {str(run_dir)!r}: the folder exists and is not empty "
+                             "(use --resume to continue a run)")
 
     session = prepare(recipe)
     recipe = session.recipe
     train_step, eval_step = make_steps(session)
     eval_packed = pack_all(session, session.data.eval)
+    checkpointer = ckpt_lib.Checkpointer(run_dir, session.checkpoint_objects(), recipe.train.keep)
+    history: list[dict[str, Any]] = []
+    start = EpochState(0)
+    if resume is not None:
+        checkpointer.restore(latest, session.model.weights)
+        meta = ckpt_lib.read_meta(latest)
+        start = EpochState(**meta["epoch_state"])
+        metrics_path = run_dir / metrics_lib.METRICS_FILE
+        metrics_lib.truncate_after(metrics_path, meta["step"])
+        history = metrics_lib.read(metrics_path) if metrics_path.exists() else []
+        console.print(f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
+                      f"step {meta['step']})", highlight=False)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        (run_dir / "recipe.yaml").write_text(recipe_lib.dump(recipe))
-        writer = MetricsWriter(run_dir)
-        checkpointer = ckpt_lib.Checkpointer(run_dir, session.checkpoint_objects(), recipe.train.keep)
+        _write_atomic(run_dir / RECIPE_FILE, recipe_lib.dump(recipe))
+        writer = metrics_lib.MetricsWriter(run_dir)
         _describe(console, session, run_dir)
-        history = _loop(session, train_step, eval_step, eval_packed, writer, checkpointer, console,
-                        progress)
+        with _StopOnSigint() as stop:
+            history = _loop(session, train_step, eval_step, eval_packed, writer, checkpointer,
+                            console, progress, history, start, stop)
         writer.close()
         plot_lib.plot_runs([run_dir], run_dir / "plots")
     except BaseException:
@@ -219,54 +251,144 @@ def train(recipe: Recipe, out: Path | None = None, console: Any = None,
     return RunResult(run_dir, history)
 
 
-def _loop(session: Session, train_step: Any, eval_step: Any, eval_packed: list, writer: Any,
-          checkpointer: Any, console: Any, progress: bool) -> list[dict[str, Any]]:
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class _StopOnSigint:
+    """The first Ctrl-C asks the loop to stop after the current step (it then checkpoints);
+    a second one interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __enter__(self) -> _StopOnSigint:
+        import signal
+        import threading
+
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+@dataclass
+class EpochState:
+    """Progress through one epoch; saved in checkpoints written mid-epoch (Ctrl-C)."""
+
+    epoch: int  # 0-based index of the epoch in progress
+    batch: int = 0  # batches of it already trained
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    count: float = 0.0
+    seconds: float = 0.0
+
+
+def epoch_steps(session: Session) -> int:
+    steps = data_lib.steps_per_epoch(len(session.data.train), session.recipe.data.batch_size)
+    limit = session.recipe.train.steps_per_epoch
+    return min(steps, limit) if limit else steps
+
+
+def run_epoch(session: Session, train_step: Any, state: EpochState, bar: Any = None,
+              writer: Any = None, stop: Any = None) -> EpochState:
+    """Train the rest of one epoch (from `state.batch`); returns early when `stop()` is true."""
     recipe = session.recipe
-    cfg = recipe.train
-    train_split = session.data.train
-    batch_size = recipe.data.batch_size
-    steps = data_lib.steps_per_epoch(len(train_split), batch_size)
-    if cfg.steps_per_epoch:
-        steps = min(steps, cfg.steps_per_epoch)
-    history: list[dict[str, Any]] = []
+    split = session.data.train
+    steps = epoch_steps(session)
+    order = data_lib.epoch_order(len(split), recipe.seed, state.epoch, recipe.data.shuffle)
+    order = order[state.batch * recipe.data.batch_size : steps * recipe.data.batch_size]
+    log_every = recipe.train.log_every
+    started = time.perf_counter() - state.seconds
+    for batch in data_lib.batches(split, recipe.data.batch_size, order):
+        out = train_step(*session.packer.pack_batch(batch))
+        loss = float(out["loss"])
+        if not math.isfinite(loss):
+            raise _NonFinite(loss)
+        n = float(out["count"])
+        state.batch += 1
+        state.loss_sum += loss * n
+        state.correct += float(out["correct"])
+        state.count += n
+        state.seconds = time.perf_counter() - started
+        if writer is not None and state.batch % log_every == 0:
+            writer.scalars(int(session.optimizer.iterations.numpy()), {"step_loss": loss})
+        if bar is not None:
+            bar.update(state.batch, state.loss_sum / state.count, state.correct / state.count,
+                       state.count / state.seconds)
+        if stop is not None and stop():
+            break
+    return state
+
+
+class _NonFinite(Exception):
+    def __init__(self, loss: float):
+        self.loss = loss
+
+
+class Interrupted(Exception):
+    """Ctrl-C: a checkpoint was written at the current step."""
+
+    exit_code = 130
+
+    def __init__(self, checkpoint: Path, run_dir: Path):
+        super().__init__(
+            f"interrupted; saved {checkpoint}; resume with: dtcli train --resume {run_dir}"
+        )
+
+
+def _loop(session: Session, train_step: Any, eval_step: Any, eval_packed: list, writer: Any,
+          checkpointer: Any, console: Any, progress: bool, history: list[dict[str, Any]],
+          start: EpochState, stop: Any) -> list[dict[str, Any]]:
+    cfg = session.recipe.train
     bar = _Bar(console, enabled=progress)
-    step = int(session.optimizer.iterations.numpy())
-    for epoch in range(cfg.epochs):
-        order = data_lib.epoch_order(len(train_split), recipe.seed, epoch, recipe.data.shuffle)
-        loss_sum = correct = count = 0.0
-        bar.start(epoch + 1, cfg.epochs, steps)
-        started = time.perf_counter()
-        for i, batch in enumerate(data_lib.batches(train_split, batch_size, order)):
-            if i >= steps:
-                break
-            out = train_step(*session.packer.pack_batch(batch))
-            loss = float(out["loss"])
-            step += 1
-            if not math.isfinite(loss):
-                bar.stop()
-                last = _last_checkpoint(checkpointer)
-                raise TrainingError(
-                    f"non-finite training loss ({loss}) at step {step} (epoch {epoch + 1}); "
-                    f"the run stopped without saving these weights; last good checkpoint: {last}; "
-                    "try a lower optimizer.learning_rate"
-                )
-            n = float(out["count"])
-            loss_sum += loss * n
-            correct += float(out["correct"])
-            count += n
-            if step % cfg.log_every == 0:
-                writer.scalars(step, {"step_loss": loss})
-            bar.update(i + 1, loss_sum / count, correct / count,
-                       count / (time.perf_counter() - started))
-        seconds = time.perf_counter() - started
+    steps = epoch_steps(session)
+    state = start
+    while state.epoch < cfg.epochs:
+        epoch = state.epoch
+        bar.start(epoch + 1, cfg.epochs, steps, done=state.batch)
+        try:
+            state = run_epoch(session, train_step, state, bar, writer, stop)
+        except _NonFinite as exc:
+            bar.stop()
+            raise TrainingError(
+                f"non-finite training loss ({exc.loss}) in epoch {epoch + 1} at step "
+                f"{int(session.optimizer.iterations.numpy())}; the run stopped without saving "
+                f"these weights; last good checkpoint: {_last_checkpoint(checkpointer)}; "
+                "try a lower optimizer.learning_rate"
+            ) from None
         bar.stop()
+        step = int(session.optimizer.iterations.numpy())
+        if state.batch < steps:  # stopped by Ctrl-C: save where we are, mid-epoch
+            saved = checkpointer.save(step, _meta(session, step, state))
+            raise Interrupted(saved, checkpointer.folder.parent)
         ev = evaluate(session, eval_step, session.data.eval, eval_packed)
         record = {
             "epoch": epoch + 1, "step": step,
-            "train_loss": loss_sum / count, "train_accuracy": correct / count,
+            "train_loss": state.loss_sum / state.count,
+            "train_accuracy": state.correct / state.count,
             "eval_loss": ev["loss"], "eval_accuracy": ev["accuracy"],
-            "examples_per_sec": count / seconds, "seconds": seconds,
-            "train_examples": int(count), "eval_examples": ev["examples"],
+            "examples_per_sec": state.count / state.seconds, "seconds": state.seconds,
+            "train_examples": int(state.count), "eval_examples": ev["examples"],
         }
         history.append(record)
         writer.epoch(record)
@@ -276,9 +398,10 @@ def _loop(session: Session, train_step: Any, eval_step: Any, eval_packed: list, 
             f"acc {ev['accuracy']:.4f} | {record['examples_per_sec']:,.0f} ex/s",
             highlight=False,
         )
-        last_epoch = epoch + 1 == cfg.epochs
-        if last_epoch or (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0):
-            checkpointer.save(step, _meta(session, step, epoch + 1))
+        state = EpochState(epoch + 1)
+        last_epoch = state.epoch == cfg.epochs
+        if last_epoch or (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0):
+            checkpointer.save(step, _meta(session, step, state))
     return history
 
 
@@ -289,11 +412,14 @@ def _last_checkpoint(checkpointer: Any) -> str:
     return str(last) if last else "none"
 
 
-def _meta(session: Session, step: int, epoch: int) -> dict[str, Any]:
+def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
     return {
-        "step": step, "epoch": epoch, "mesh": session.axes, "devices": session.devices.text,
+        "step": step, "epoch": state.epoch, "epoch_state": dataclasses.asdict(state),
+        "mesh": session.axes, "devices": session.devices.text,
         "time": datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
         "pid": os.getpid(), "recipe": recipe_lib.to_mapping(session.recipe),
+        "weights": {w.path: list(w.shape) for w in session.model.weights},
+        "input_shape": list(session.data.input_shape), "num_classes": session.data.num_classes,
     }
 
 
@@ -305,7 +431,7 @@ class _Bar:
         self.enabled = enabled
         self.progress = None
 
-    def start(self, epoch: int, epochs: int, steps: int) -> None:
+    def start(self, epoch: int, epochs: int, steps: int, done: int = 0) -> None:
         if not self.enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -316,7 +442,7 @@ class _Bar:
             console=self.console, transient=True,
         )
         self.progress.start()
-        self.task = self.progress.add_task("train", total=steps, stats="")
+        self.task = self.progress.add_task("train", total=steps, completed=done, stats="")
 
     def update(self, done: int, loss: float, acc: float, rate: float) -> None:
         if self.progress is not None:
