@@ -48,12 +48,19 @@ class Checkpointer:
         self.keep = keep
         self.ckpt = tf.train.Checkpoint(**objects)
 
+    def clean(self) -> None:
+        """Remove what an interrupted save left (never visible as a checkpoint)."""
+        if self.folder.is_dir():
+            for leftover in self.folder.glob(".tmp-ckpt-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
     def save(self, step: int, meta: dict[str, Any]) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"ckpt-{step:08d}"
         tmp = self.folder / f".tmp-ckpt-{step:08d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         self.ckpt.write(str(tmp / "ckpt"))
+        _fault_point()
         (tmp / META).write_text(json.dumps(meta, indent=1))
         if final.exists():  # the same step saved again (e.g. interrupted right after a save)
             shutil.rmtree(final)
@@ -78,6 +85,16 @@ class Checkpointer:
             status.assert_existing_objects_matched()
 
 
+def _fault_point() -> None:
+    """Test hook: DTCLI_TEST_PAUSE_IN_SAVE=SECONDS holds every save half-written that long, so a
+    test can kill the process in the middle of one."""
+    pause = os.environ.get("DTCLI_TEST_PAUSE_IN_SAVE")
+    if pause:
+        import time
+
+        time.sleep(float(pause))
+
+
 def check_weights(checkpoint: Path, weights: list) -> None:
     from dtcli.errors import UsageError
 
@@ -85,12 +102,17 @@ def check_weights(checkpoint: Path, weights: list) -> None:
     live = {w.path: list(w.shape) for w in weights}
     for path, shape in live.items():
         if path not in saved:
-            raise UsageError(f"checkpoint {checkpoint}: has no weight '{path}' (it was written "
-                             "by another model)")
+            raise UsageError(
+                f"checkpoint {checkpoint}: has no weight '{path}' (it was written by another model)"
+            )
         if saved[path] != shape:
-            raise UsageError(f"checkpoint {checkpoint}: weight '{path}' has shape {saved[path]} "
-                             f"there but {shape} in this model (it was written by another recipe)")
+            raise UsageError(
+                f"checkpoint {checkpoint}: weight '{path}' has shape {saved[path]} "
+                f"there but {shape} in this model (it was written by another recipe)"
+            )
     extra = [p for p in saved if p not in live]
     if extra:
-        raise UsageError(f"checkpoint {checkpoint}: weight '{extra[0]}' is not in this model "
-                         "(it was written by another recipe)")
+        raise UsageError(
+            f"checkpoint {checkpoint}: weight '{extra[0]}' is not in this model "
+            "(it was written by another recipe)"
+        )

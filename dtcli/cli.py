@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import typer
 
@@ -47,14 +48,15 @@ DevicesOption = typer.Option(None, "--devices", help="cpu, cpu:N, gpu, gpu:N, tp
 @app.command()
 @_handled
 def train(
-    recipe: Optional[Path] = typer.Argument(None, help="The recipe YAML file."),
-    sets: Optional[list[str]] = SetOption,
-    mesh: Optional[str] = MeshOption,
-    devices: Optional[str] = DevicesOption,
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="Override train.epochs."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
-    resume: Optional[Path] = typer.Option(
-        None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."),
+    recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
+    sets: list[str] | None = SetOption,
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    epochs: int | None = typer.Option(None, "--epochs", help="Override train.epochs."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
@@ -62,10 +64,13 @@ def train(
 
     if resume is not None:
         if recipe is not None or out is not None:
-            raise UsageError("--resume RUN_DIR takes its recipe and folder from the run: "
-                             "give no RECIPE and no --out")
-        loaded = train_lib.resume_recipe(resume, sets or [], mesh=mesh, devices=devices,
-                                         epochs=epochs)
+            raise UsageError(
+                "--resume RUN_DIR takes its recipe and folder from the run: "
+                "give no RECIPE and no --out"
+            )
+        loaded = train_lib.resume_recipe(
+            resume, sets or [], mesh=mesh, devices=devices, epochs=epochs
+        )
     elif recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
     else:
@@ -83,21 +88,23 @@ def train(
 @app.command("eval")
 @_handled
 def eval_(
-    checkpoint: Path = typer.Argument(..., help="A run directory (its latest checkpoint) or "
-                                      "one checkpoint folder."),
+    checkpoint: Path = typer.Argument(
+        ..., help="A run directory (its latest checkpoint) or one checkpoint folder."
+    ),
     split: str = typer.Option("eval", "--split", help="eval or train."),
-    mesh: Optional[str] = MeshOption,
-    devices: Optional[str] = DevicesOption,
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Evaluation batch size."),
-    sets: Optional[list[str]] = SetOption,
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Evaluation batch size."),
+    sets: list[str] | None = SetOption,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
 ) -> None:
     """Evaluate a checkpoint, on the mesh it was trained on or another one."""
     from dtcli import evaluate as evaluate_lib
 
     found = evaluate_lib.find_checkpoint(checkpoint)
-    loaded = evaluate_lib.checkpoint_recipe(found, sets or [], mesh=mesh, devices=devices,
-                                            batch_size=batch_size)
+    loaded = evaluate_lib.checkpoint_recipe(
+        found, sets or [], mesh=mesh, devices=devices, batch_size=batch_size
+    )
     result = evaluate_lib.evaluate_checkpoint(found, loaded, split)
     if as_json:
         import json
@@ -108,8 +115,16 @@ def eval_(
     from rich.table import Table
 
     table = Table(title=f"{found}", show_header=False)
-    for key in ("split", "examples", "loss", "accuracy", "mesh", "devices", "trained_on_mesh",
-                "step"):
+    for key in (
+        "split",
+        "examples",
+        "loss",
+        "accuracy",
+        "mesh",
+        "devices",
+        "trained_on_mesh",
+        "step",
+    ):
         value = result[key]
         table.add_row(key, f"{value:.6f}" if isinstance(value, float) else str(value))
     Console().print(table)
@@ -133,10 +148,14 @@ def export(
 @_handled
 def plot(
     run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for the PNGs "
-                                       "(default RUN_DIR/plots for one run, ./plots for several)."),
-    metric: Optional[list[str]] = typer.Option(None, "--metric",
-                                               help="loss, accuracy or examples_per_sec (repeatable)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Folder for the PNGs (default RUN_DIR/plots for one run, ./plots for several).",
+    ),
+    metric: list[str] | None = typer.Option(
+        None, "--metric", help="loss, accuracy or examples_per_sec (repeatable)."
+    ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""
     from dtcli.plot import plot_runs

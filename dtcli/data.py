@@ -82,22 +82,29 @@ def _ranges(n: int, cfg: DataConfig, where: str) -> tuple[tuple[int, int], tuple
     evaluate = cfg.eval_range or (n // 2, n)
     for key, (lo, hi) in (("train_range", train), ("eval_range", evaluate)):
         if hi > n:
-            raise UsageError(f"recipe key 'data.{key}': [{lo}, {hi}) is past the {n} examples of {where}")
+            raise UsageError(
+                f"recipe key 'data.{key}': [{lo}, {hi}) is past the {n} examples of {where}"
+            )
     if train[0] < evaluate[1] and evaluate[0] < train[1]:
         raise UsageError(
-            f"recipe key 'data.eval_range': {list(evaluate)} overlaps data.train_range {list(train)}"
+            f"recipe key 'data.eval_range': {list(evaluate)} overlaps "
+            f"data.train_range {list(train)}"
         )
     return train, evaluate
 
 
 def _embedded(cfg: DataConfig) -> Dataset:
     if cfg.name != "digits":
-        raise UsageError(f"recipe key 'data.name': the embedded data set is 'digits', got {cfg.name!r}")
+        raise UsageError(
+            f"recipe key 'data.name': the embedded data set is 'digits', got {cfg.name!r}"
+        )
     # scikit-learn ships the UCI 8x8 handwritten digits (1797 examples, values 0..16) as a CSV.
     # Read the file directly: importing scikit-learn would cost a second for nothing.
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
-        raise UsageError("data.source embedded: scikit-learn is not installed (pip install scikit-learn)")
+        raise UsageError(
+            "data.source embedded: scikit-learn is not installed (pip install scikit-learn)"
+        )
     path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
     table = np.loadtxt(path, delimiter=",", dtype=np.float32)
     x = table[:, :-1].reshape(-1, 8, 8) / 16.0
@@ -143,7 +150,9 @@ def _idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None
         return None
     x, y = read_idx(images), read_idx(labels)
     if len(x) != len(y):
-        raise UsageError(f"recipe key 'data.path': {images.name} and {labels.name} differ in length")
+        raise UsageError(
+            f"recipe key 'data.path': {images.name} and {labels.name} differ in length"
+        )
     return x, y
 
 
@@ -180,6 +189,9 @@ def _idx(cfg: DataConfig) -> Dataset:
 
 def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
     import tensorflow_datasets as tfds
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS' folder notices are not for users
 
     try:
         builder = tfds.builder(cfg.name, data_dir=cfg.data_dir)
@@ -188,13 +200,18 @@ def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
 
         close = difflib.get_close_matches(cfg.name, tfds.list_builders(), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UsageError(f"recipe key 'data.name': no TFDS data set named {cfg.name!r}{hint}") from None
+        raise UsageError(
+            f"recipe key 'data.name': no TFDS data set named {cfg.name!r}{hint}"
+        ) from None
     num_classes = builder.info.features["label"].num_classes
 
     def read(split: str, key: str) -> Split:
         try:
             ds = tfds.load(
-                cfg.name, split=split, data_dir=cfg.data_dir, download=cfg.download,
+                cfg.name,
+                split=split,
+                data_dir=cfg.data_dir,
+                download=cfg.download,
                 as_supervised=True,
             )
         except AssertionError:
@@ -206,7 +223,9 @@ def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
                 "--set data.download=true"
             ) from None
         except ValueError as exc:
-            raise UsageError(f"recipe key 'data.{key}': {split!r} is not a valid split ({exc})") from None
+            raise UsageError(
+                f"recipe key 'data.{key}': {split!r} is not a valid split ({exc})"
+            ) from None
         xs, ys = [], []
         for x, y in tfds.as_numpy(ds.batch(4096)):
             xs.append(x)
@@ -220,7 +239,9 @@ def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
     if train is None:
         train = Split(evaluate.x[:0], evaluate.y[:0])
     return Dataset(
-        train, evaluate, num_classes,
+        train,
+        evaluate,
+        num_classes,
         f"TFDS {cfg.name} ({cfg.train_split}: {len(train)}, {cfg.eval_split}: {len(evaluate)})",
     )
 
@@ -237,8 +258,11 @@ def _synthetic(cfg: DataConfig) -> Dataset:
         return Split(x, y)
 
     return Dataset(
-        make(cfg.count), make(cfg.eval_count), cfg.classes,
-        f"synthetic {list(cfg.shape)} x {cfg.classes} classes ({cfg.count} train, {cfg.eval_count} eval)",
+        make(cfg.count),
+        make(cfg.eval_count),
+        cfg.classes,
+        f"synthetic {list(cfg.shape)} x {cfg.classes} classes "
+        f"({cfg.count} train, {cfg.eval_count} eval)",
     )
 
 
@@ -258,9 +282,8 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
 
 def batches(split: Split, batch_size: int, order: np.ndarray | None = None) -> Iterator[Batch]:
     """Fixed-shape batches; the last one padded with zeros and masked out."""
-    n = len(split)
-    idx = np.arange(n) if order is None else order
-    for start in range(0, n, batch_size):
+    idx = np.arange(len(split)) if order is None else order
+    for start in range(0, len(idx), batch_size):
         take = idx[start : start + batch_size]
         x, y = split.x[take], split.y[take]
         mask = np.ones(batch_size, np.float32)
@@ -285,7 +308,9 @@ class Packer:
         self.data_axis = data_axis
         self.shards = 1 if data_axis == UNSHARDED else mesh.dim_size(data_axis)
         locations = mesh.local_device_locations()
-        self.shard_of_device = [0 if data_axis == UNSHARDED else loc[data_axis] for loc in locations]
+        self.shard_of_device = [
+            0 if data_axis == UNSHARDED else loc[data_axis] for loc in locations
+        ]
         self._layouts: dict[int, Any] = {}
 
     def layout(self, rank: int) -> Any:

@@ -1,10 +1,15 @@
-"""Device specs (`cpu:8`, `gpu`, `tpu`, `auto`) and configuring TensorFlow before its runtime starts."""
+"""Device specs (`cpu:8`, `gpu`, `tpu`, `auto`), configured before TensorFlow's runtime starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from dtcli.errors import UsageError
 
@@ -23,16 +28,64 @@ def set_runtime_env() -> None:
         os.environ.setdefault(key, value)
 
 
+# TensorFlow 2.21's native start-up lines ignore TF_CPP_MIN_LOG_LEVEL and are written straight to
+# file descriptor 2: oneDNN notices, "no CUDA driver", cuInit failures on CPU-only machines.
+_NATIVE_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
+    r"|E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] )"
+)
+
+
+@contextlib.contextmanager
+def quiet_native_logs() -> Iterator[None]:
+    """Hide TensorFlow's native start-up notices; every other stderr line still gets through.
+
+    DTCLI_TF_LOGS=1 shows everything.
+    """
+    if os.environ.get("DTCLI_TF_LOGS") == "1":
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters)
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for line in capture.read().decode(errors="replace").splitlines():
+                if line and not _NATIVE_NOISE.match(line):
+                    print(line, file=sys.stderr)
+
+
+def import_tensorflow() -> Any:
+    """Import TensorFlow (once) without its native start-up notices."""
+    set_runtime_env()
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    with quiet_native_logs():
+        import tensorflow as tf
+    return tf
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     kind: str  # "cpu", "gpu", "tpu" or "auto"
     count: int | None  # None: as many as the mesh needs (cpu) or all there are (gpu)
 
 
-def parse(spec: str, key: str = "devices") -> DeviceSpec:
+def parse(spec: str, where: str = "recipe key 'devices'") -> DeviceSpec:
     m = re.fullmatch(r"(cpu|gpu|tpu|auto)(?::(\d+))?", spec.strip().lower())
     if not m or (m.group(1) in ("tpu", "auto") and m.group(2)) or m.group(2) == "0":
-        raise UsageError(f"{key} {spec!r}: expected cpu, cpu:N, gpu, gpu:N, tpu or auto")
+        raise UsageError(f"{where}: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got {spec!r}")
     return DeviceSpec(m.group(1), int(m.group(2)) if m.group(2) else None)
 
 
@@ -46,14 +99,18 @@ class Devices:
         return f"{self.device_type.lower()}:{self.count}"
 
 
-def configure(spec: str, wanted: int | None, key: str = "devices") -> Devices:
+def configure(spec: str, wanted: int | None, key: str = "recipe key 'devices'") -> Devices:
     """Configure TensorFlow's devices for `spec`; call before any TensorFlow op runs.
 
     `wanted` is the device count the mesh asks for (None when an axis is -1).
     """
     parsed = parse(spec, key)
-    set_runtime_env()
-    import tensorflow as tf
+    tf = import_tensorflow()
+    with quiet_native_logs():
+        return _configure(tf, parsed, spec, wanted, key)
+
+
+def _configure(tf: Any, parsed: DeviceSpec, spec: str, wanted: int | None, key: str) -> Devices:
     from tensorflow.experimental import dtensor
 
     kind = parsed.kind
@@ -66,10 +123,12 @@ def configure(spec: str, wanted: int | None, key: str = "devices") -> Devices:
     if kind == "gpu":
         gpus = tf.config.list_physical_devices("GPU")
         if not gpus:
-            raise UsageError(f"{key} {spec!r}: TensorFlow sees no GPU on this machine")
+            raise UsageError(f"{key} = {spec!r}: TensorFlow sees no GPU on this machine")
         count = parsed.count or len(gpus)
         if count > len(gpus):
-            raise UsageError(f"{key} {spec!r}: asked for {count} GPUs, TensorFlow sees {len(gpus)}")
+            raise UsageError(
+                f"{key} = {spec!r}: asked for {count} GPUs, TensorFlow sees {len(gpus)}"
+            )
         try:
             tf.config.set_visible_devices(gpus[:count], "GPU")
             for gpu in gpus[:count]:
@@ -80,7 +139,7 @@ def configure(spec: str, wanted: int | None, key: str = "devices") -> Devices:
     try:
         dtensor.initialize_accelerator_system("TPU")
     except Exception as exc:  # noqa: BLE001 - TPU init raises many types
-        raise UsageError(f"{key} {spec!r}: could not start the TPU system ({exc})") from None
+        raise UsageError(f"{key} = {spec!r}: could not start the TPU system ({exc})") from None
     return Devices("TPU", len(tf.config.list_logical_devices("TPU")))
 
 

@@ -25,14 +25,20 @@ def find_checkpoint(path: Path) -> Path:
         raise UsageError(f"CHECKPOINT {str(path)!r}: no such file or folder")
     latest = ckpt_lib.latest(path)
     if latest is None:
-        raise UsageError(f"CHECKPOINT {str(path)!r}: neither a checkpoint nor a run directory "
-                         "with a complete checkpoint")
+        raise UsageError(
+            f"CHECKPOINT {str(path)!r}: neither a checkpoint nor a run directory "
+            "with a complete checkpoint"
+        )
     return latest
 
 
-def checkpoint_recipe(checkpoint: Path, sets: list[str] | tuple[str, ...] = (),
-                      mesh: str | None = None, devices: str | None = None,
-                      batch_size: int | None = None) -> Recipe:
+def checkpoint_recipe(
+    checkpoint: Path,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    batch_size: int | None = None,
+) -> Recipe:
     """The recipe stored with a checkpoint, with command-line overrides."""
     raw = ckpt_lib.read_meta(checkpoint)["recipe"]
     sets = list(sets)
@@ -58,6 +64,12 @@ def evaluate_checkpoint(checkpoint: Path, recipe: Recipe, split: str = "eval") -
     data = session.data.train if split == "train" else session.data.eval
     result = train_lib.evaluate(session, eval_step, data)
     meta = ckpt_lib.read_meta(checkpoint)
-    return {**result, "split": split, "checkpoint": str(checkpoint), "step": meta["step"],
-            "mesh": mesh_text(session.axes), "devices": session.devices.text,
-            "trained_on_mesh": mesh_text(meta["mesh"])}
+    return {
+        **result,
+        "split": split,
+        "checkpoint": str(checkpoint),
+        "step": meta["step"],
+        "mesh": mesh_text(session.axes),
+        "devices": session.devices.text,
+        "trained_on_mesh": mesh_text(meta["mesh"]),
+    }

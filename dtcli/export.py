@@ -40,8 +40,9 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
                 super().__init__(name="dtcli_export")
                 self.net = net
 
-            @tf.function(input_signature=[
-                tf.TensorSpec([None, *input_shape], tf.float32, name="x")])
+            @tf.function(
+                input_signature=[tf.TensorSpec([None, *input_shape], tf.float32, name="x")]
+            )
             def serve(self, x: Any) -> dict[str, Any]:
                 logits = self.net(x, training=False)
                 return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
@@ -50,11 +51,19 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
-    (tmp / "dtcli_export.json").write_text(json.dumps({
-        "checkpoint": str(checkpoint), "step": meta["step"], "input_shape": list(input_shape),
-        "num_classes": num_classes, "trained_on_mesh": meta["mesh"],
-        "note": "plain tensors on one device; the DTensor layouts of training are not kept",
-    }, indent=1))
+    (tmp / "dtcli_export.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": str(checkpoint),
+                "step": meta["step"],
+                "input_shape": list(input_shape),
+                "num_classes": num_classes,
+                "trained_on_mesh": meta["mesh"],
+                "note": "plain tensors on one device; the DTensor layouts of training are not kept",
+            },
+            indent=1,
+        )
+    )
     if out.exists():
         out.rmdir()
     tmp.rename(out)

@@ -77,8 +77,10 @@ def plan_weights(
                     f"{','.join(f'{a}={s}' for a, s in axes.items())} "
                     f"(add {axis}=1 to the mesh to keep the rule without sharding)"
                 )
-        if _CONV_LAYERS.match(w.layer) and w.path.endswith("kernel") and any(
-            s != UNSHARDED for s in spec
+        if (
+            _CONV_LAYERS.match(w.layer)
+            and w.path.endswith("kernel")
+            and any(s != UNSHARDED for s in spec)
         ):
             raise UsageError(
                 f"recipe key '{key}': shards convolution kernel '{w.path}', but DTensor needs "

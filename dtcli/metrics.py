@@ -29,8 +29,14 @@ class MetricsWriter:
     def epoch(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        self.scalars(record["step"], {k: v for k, v in record.items()
-                                      if k not in ("epoch", "step") and isinstance(v, (int, float))})
+        self.scalars(
+            record["step"],
+            {
+                k: v
+                for k, v in record.items()
+                if k not in ("epoch", "step") and isinstance(v, (int, float))
+            },
+        )
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self._tb is None:

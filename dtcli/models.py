@@ -22,9 +22,13 @@ from dtcli.errors import UsageError
 from dtcli.layout import WeightInfo, WeightPlan, replicated, to_layout
 from dtcli.recipe import ModelConfig
 
-# Attribute paths tf-keras' LayoutMap skips when it maps variables (tf_keras/src/dtensor/layout_map).
-_SKIP_ATTRS = ("_self_tracked_trackables", "_trainable_weights", "_non_trainable_weights",
-               "_captured_weight_regularizer")
+# Attribute paths tf-keras' LayoutMap skips when mapping variables (src/dtensor/layout_map.py).
+_SKIP_ATTRS = (
+    "_self_tracked_trackables",
+    "_trainable_weights",
+    "_non_trainable_weights",
+    "_captured_weight_regularizer",
+)
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -38,6 +42,7 @@ class Built:
     regularization: Any  # () -> scalar tensor, or None when the model has none
     trainable_variables: list
     weights: list[WeightInfo]
+    variables: dict[str, Any]  # every weight by its path (the keys the layout rules match)
 
 
 # --------------------------------------------------------------------------- keras
@@ -67,7 +72,9 @@ def _keras_layers(cfg: ModelConfig) -> list:
             name, args = next(iter(entry.items()))
             args = args or {}
         else:
-            raise UsageError(f"recipe key '{key}': expected a layer name or {{LayerName: {{args}}}}")
+            raise UsageError(
+                f"recipe key '{key}': expected a layer name or {{LayerName: {{args}}}}"
+            )
         if not isinstance(args, dict):
             raise UsageError(f"recipe key '{key}.{name}': expected a mapping of layer arguments")
         cls = getattr(tf_keras.layers, str(name), None)
@@ -102,21 +109,30 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
         try:
             fn = getattr(importlib.import_module(module_name), fn_name)
         except (ImportError, AttributeError) as exc:
-            raise UsageError(f"recipe key 'model.build': cannot load {cfg.build!r} ({exc})") from None
+            raise UsageError(
+                f"recipe key 'model.build': cannot load {cfg.build!r} ({exc})"
+            ) from None
         try:
             model = fn(input_shape, num_classes, **cfg.args)
         except TypeError as exc:
-            raise UsageError(f"recipe key 'model.args': {cfg.build} rejected them ({exc})") from None
+            raise UsageError(
+                f"recipe key 'model.args': {cfg.build} rejected them ({exc})"
+            ) from None
         if not isinstance(model, tf_keras.Model):
-            raise UsageError(f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
-                             "expected a tf_keras.Model")
+            raise UsageError(
+                f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
+                "expected a tf_keras.Model"
+            )
         return model
     layers = _keras_layers(cfg)
     try:
-        return tf_keras.Sequential([tf_keras.Input(shape=input_shape, name="inputs"), *layers],
-                                   name="model")
+        return tf_keras.Sequential(
+            [tf_keras.Input(shape=input_shape, name="inputs"), *layers], name="model"
+        )
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"recipe key 'model.layers': the layers do not fit together ({exc})") from None
+        raise UsageError(
+            f"recipe key 'model.layers': the layers do not fit together ({exc})"
+        ) from None
 
 
 def _is_layer_graph(model: Any) -> bool:
@@ -131,7 +147,9 @@ def _keras_variables(model: Any) -> list[tuple[str, Any, str]]:
 
     def walk(obj: Any, prefix: str) -> list[tuple[str, Any, str]]:
         out = []
-        for path, var in obj._flatten(predicate=lambda o: isinstance(o, tf.Variable), with_path=True):
+        for path, var in obj._flatten(
+            predicate=lambda o: isinstance(o, tf.Variable), with_path=True
+        ):
             if any(a in path for a in _SKIP_ATTRS):
                 continue
             owner = obj
@@ -162,8 +180,9 @@ def _ensure_built(model: Any, input_shape: tuple[int, ...], x: Any) -> None:
             raise UsageError(f"recipe key 'model': calling the model failed ({exc})") from None
 
 
-def describe_keras(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
-                   seed: int) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
+def describe_keras(
+    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int
+) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
     """Build the model once on the host: its weights and (seeded) initial values."""
     import tensorflow as tf
     import tf_keras
@@ -179,8 +198,15 @@ def describe_keras(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: 
     return infos, values
 
 
-def build_keras(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, mesh: Any,
-                plans: list[WeightPlan], initial: dict[str, np.ndarray], seed: int) -> Built:
+def build_keras(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    mesh: Any,
+    plans: list[WeightPlan],
+    initial: dict[str, np.ndarray],
+    seed: int,
+) -> Built:
     import tensorflow as tf
     import tf_keras
     from tensorflow.experimental import dtensor
@@ -209,6 +235,7 @@ def build_keras(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         regularization=regularization if model.losses else None,
         trainable_variables=list(model.trainable_variables),
         weights=[p.weight for p in plans],
+        variables={path: var for path, var, _ in variables},
     )
 
 
@@ -223,8 +250,9 @@ def _on_layout(value: Any, layout: Any, mesh: Any) -> Any:
 # --------------------------------------------------------------------------- core API
 
 
-def describe_core(cfg: ModelConfig, input_shape: tuple[int, ...],
-                  num_classes: int) -> list[WeightInfo]:
+def describe_core(
+    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
+) -> list[WeightInfo]:
     if len(input_shape) != 1:
         raise UsageError(
             f"recipe key 'model.api': the core MLP takes flat inputs, got examples of shape "
@@ -246,8 +274,12 @@ def _core_module(cfg: ModelConfig, variables: dict[str, Any]) -> Any:
     """
     import tensorflow as tf
 
-    activation = {"relu": tf.nn.relu, "tanh": tf.nn.tanh, "sigmoid": tf.nn.sigmoid,
-                  "gelu": tf.nn.gelu}[cfg.activation]
+    activation = {
+        "relu": tf.nn.relu,
+        "tanh": tf.nn.tanh,
+        "sigmoid": tf.nn.sigmoid,
+        "gelu": tf.nn.gelu,
+    }[cfg.activation]
 
     class Dense(tf.Module):
         def __init__(self, index: int):
@@ -271,8 +303,14 @@ def _core_module(cfg: ModelConfig, variables: dict[str, Any]) -> Any:
     return MLP()
 
 
-def build_core(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, mesh: Any,
-               plans: list[WeightPlan], seed: int) -> Built:
+def build_core(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    mesh: Any,
+    plans: list[WeightPlan],
+    seed: int,
+) -> Built:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
@@ -285,8 +323,13 @@ def build_core(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
             limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))  # Glorot uniform, as seed 000
             # Drawn on a replicated layout (identical on every mesh), then relaid out.
             value = dtensor.call_with_layout(
-                tf.random.stateless_uniform, replicated(mesh, 2), shape=shape,
-                seed=(seed, index), minval=-limit, maxval=limit)
+                tf.random.stateless_uniform,
+                replicated(mesh, 2),
+                shape=shape,
+                seed=(seed, index),
+                minval=-limit,
+                maxval=limit,
+            )
             value = dtensor.relayout(value, layout)
         else:
             value = dtensor.call_with_layout(tf.zeros, layout, shape=shape)
@@ -298,6 +341,7 @@ def build_core(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
         regularization=None,
         trainable_variables=[variables[p.weight.path] for p in plans],
         weights=[p.weight for p in plans],
+        variables=variables,
     )
 
 
@@ -309,8 +353,10 @@ def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         model = _keras_model(cfg, input_shape, num_classes)
         _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
         return model
-    variables = {w.path: tf.Variable(tf.zeros(w.shape), name=w.path.split(".")[1])
-                 for w in describe_core(cfg, input_shape, num_classes)}
+    variables = {
+        w.path: tf.Variable(tf.zeros(w.shape), name=w.path.split(".")[1])
+        for w in describe_core(cfg, input_shape, num_classes)
+    }
     return _core_module(cfg, variables)
 
 
@@ -319,15 +365,7 @@ def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
     from tensorflow.experimental import dtensor
 
     values = {}
-    for info, var in zip(built.weights, _variables_in_plan_order(built)):
-        full = dtensor.relayout(var.read_value(), replicated(mesh, len(info.shape)))
-        values[info.path] = dtensor.unpack(full)[0].numpy()
+    for path, var in built.variables.items():
+        full = dtensor.relayout(var.read_value(), replicated(mesh, len(var.shape)))
+        values[path] = dtensor.unpack(full)[0].numpy()
     return values
-
-
-def _variables_in_plan_order(built: Built) -> list:
-    import tf_keras
-
-    if isinstance(built.module, tf_keras.Model):
-        return [var for _, var, _ in _keras_variables(built.module)]
-    return [v for layer in built.module.layers for v in (layer.kernel, layer.bias)]

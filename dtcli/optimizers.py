@@ -13,21 +13,32 @@ from dtcli.recipe import OptimizerConfig
 
 
 class KerasOptimizer:
-    """tf_keras.dtensor.experimental.optimizers.*, always given `mesh=` (without it they run wrong)."""
+    """tf_keras.dtensor.experimental.optimizers, always given `mesh=` (without, they run wrong)."""
 
     def __init__(self, cfg: OptimizerConfig, mesh: Any):
         from tf_keras.dtensor.experimental import optimizers
 
         if cfg.name == "sgd":
-            self.impl = optimizers.SGD(learning_rate=cfg.learning_rate, momentum=cfg.momentum,
-                                       mesh=mesh)
+            self.impl = optimizers.SGD(
+                learning_rate=cfg.learning_rate, momentum=cfg.momentum, mesh=mesh
+            )
         elif cfg.name == "adam":
-            self.impl = optimizers.Adam(learning_rate=cfg.learning_rate, beta_1=cfg.beta_1,
-                                        beta_2=cfg.beta_2, epsilon=cfg.epsilon, mesh=mesh)
+            self.impl = optimizers.Adam(
+                learning_rate=cfg.learning_rate,
+                beta_1=cfg.beta_1,
+                beta_2=cfg.beta_2,
+                epsilon=cfg.epsilon,
+                mesh=mesh,
+            )
         else:
-            self.impl = optimizers.AdamW(learning_rate=cfg.learning_rate,
-                                         weight_decay=cfg.weight_decay, beta_1=cfg.beta_1,
-                                         beta_2=cfg.beta_2, epsilon=cfg.epsilon, mesh=mesh)
+            self.impl = optimizers.AdamW(
+                learning_rate=cfg.learning_rate,
+                weight_decay=cfg.weight_decay,
+                beta_1=cfg.beta_1,
+                beta_2=cfg.beta_2,
+                epsilon=cfg.epsilon,
+                mesh=mesh,
+            )
 
     @property
     def iterations(self) -> Any:
@@ -56,9 +67,12 @@ class CoreOptimizer:
         self.mesh = mesh
         self.module = tf.Module(name="optimizer")
         self.module.iterations = dtensor.DVariable(
-            dtensor.call_with_layout(tf.zeros, dtensor.Layout.replicated(mesh, 0), shape=(),
-                                     dtype=tf.int64),
-            name="iterations", trainable=False)
+            dtensor.call_with_layout(
+                tf.zeros, dtensor.Layout.replicated(mesh, 0), shape=(), dtype=tf.int64
+            ),
+            name="iterations",
+            trainable=False,
+        )
         self.module.slots = {}
 
     @property
@@ -66,8 +80,11 @@ class CoreOptimizer:
         return self.module.iterations
 
     def build(self, variables: list) -> None:
-        names = {"sgd": ["momentum"] if self.cfg.momentum else [], "adam": ["m", "v"],
-                 "adamw": ["m", "v"]}[self.cfg.name]
+        names = {
+            "sgd": ["momentum"] if self.cfg.momentum else [],
+            "adam": ["m", "v"],
+            "adamw": ["m", "v"],
+        }[self.cfg.name]
         import tensorflow as tf
         from tensorflow.experimental import dtensor
 
@@ -78,7 +95,9 @@ class CoreOptimizer:
                 key = f"v{i}_{name}"
                 self.module.slots[key] = dtensor.DVariable(
                     dtensor.call_with_layout(tf.zeros, var.layout, shape=var.shape),
-                    trainable=False, name=key)
+                    trainable=False,
+                    name=key,
+                )
 
     def apply(self, grads: list, variables: list) -> None:
         import tensorflow as tf

@@ -14,8 +14,11 @@ FIGURES = {
     "accuracy": ("train_accuracy", "eval_accuracy"),
     "examples_per_sec": ("examples_per_sec",),
 }
-TITLES = {"loss": "Cross-entropy loss", "accuracy": "Accuracy",
-          "examples_per_sec": "Training throughput (examples/s)"}
+TITLES = {
+    "loss": "Cross-entropy loss",
+    "accuracy": "Accuracy",
+    "examples_per_sec": "Training throughput (examples/s)",
+}
 
 
 def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str, Any]]]:
@@ -25,7 +28,9 @@ def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str
         if not Path(run_dir).is_dir():
             raise UsageError(f"RUN_DIR {str(run_dir)!r}: no such folder")
         if not path.is_file():
-            raise UsageError(f"RUN_DIR {str(run_dir)!r}: no {METRICS_FILE} (has this run finished an epoch?)")
+            raise UsageError(
+                f"RUN_DIR {str(run_dir)!r}: no {METRICS_FILE} (has this run finished an epoch?)"
+            )
         records = read(path, warn)
         if not records:
             raise UsageError(f"RUN_DIR {str(run_dir)!r}: {METRICS_FILE} holds no complete records")
@@ -36,8 +41,9 @@ def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str
     return runs
 
 
-def plot_runs(run_dirs: list[Path], out_dir: Path, metrics: list[str] | None = None,
-              warn: Any = None) -> list[Path]:
+def plot_runs(
+    run_dirs: list[Path], out_dir: Path, metrics: list[str] | None = None, warn: Any = None
+) -> list[Path]:
     """Write one PNG per metric; with several runs, their curves overlay in each figure."""
     import matplotlib
 
@@ -65,8 +71,15 @@ def plot_runs(run_dirs: list[Path], out_dir: Path, metrics: list[str] | None = N
                 split = key.split("_")[0] if len(FIGURES[metric]) > 1 else ""
                 label = " ".join(s for s in (name if several else "", split) if s) or key
                 style = "--" if split == "eval" else "-"
-                ax.plot(xs, ys, style, color=color if several else None, marker="o",
-                        markersize=3, label=label)
+                ax.plot(
+                    xs,
+                    ys,
+                    style,
+                    color=color if several else None,
+                    marker="o",
+                    markersize=3,
+                    label=label,
+                )
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric.replace("_", " "))
         title = TITLES[metric] + (" vs training epochs" if metric != "examples_per_sec" else "")

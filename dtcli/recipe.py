@@ -251,6 +251,9 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 
 def _check(recipe: Recipe) -> Recipe:
     """Checks that need more than one key's type; no devices or TensorFlow needed."""
+    from dtcli.devices import parse as parse_devices
+
+    parse_devices(recipe.devices)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", recipe.name):
         raise UsageError(
             f"recipe key 'name': expected letters, digits, '_', '.', '-', got {recipe.name!r}"
@@ -262,7 +265,9 @@ def _check(recipe: Recipe) -> Recipe:
         raise UsageError(f"recipe key 'mesh': at most one axis may be -1, got {fill}")
     for axis, size in recipe.mesh.items():
         if size == 0 or size < -1:
-            raise UsageError(f"recipe key 'mesh.{axis}': expected a positive size or -1, got {size}")
+            raise UsageError(
+                f"recipe key 'mesh.{axis}': expected a positive size or -1, got {size}"
+            )
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == UNSHARDED:
             raise UsageError(f"recipe key 'mesh.{axis}': not a usable axis name")
     lay = recipe.layouts
@@ -289,15 +294,19 @@ def _check(recipe: Recipe) -> Recipe:
     m = recipe.model
     if m.api == "keras":
         if (m.layers is None) == (m.build is None):
-            raise UsageError("recipe key 'model': api keras needs exactly one of 'layers' or 'build'")
+            raise UsageError(
+                "recipe key 'model': api keras needs exactly one of 'layers' or 'build'"
+            )
         if m.build is not None and not re.fullmatch(r"[\w.]+:\w+", m.build):
             raise UsageError(
                 f"recipe key 'model.build': expected 'package.module:function', got {m.build!r}"
             )
     else:
         if m.layers is not None or m.build is not None:
-            raise UsageError("recipe key 'model': api core takes 'hidden' and 'activation', "
-                             "not 'layers' or 'build'")
+            raise UsageError(
+                "recipe key 'model': api core takes 'hidden' and 'activation', "
+                "not 'layers' or 'build'"
+            )
         if not all(h > 0 for h in m.hidden):
             raise UsageError(f"recipe key 'model.hidden': expected positive widths, got {m.hidden}")
     d = recipe.data
@@ -311,7 +320,9 @@ def _check(recipe: Recipe) -> Recipe:
     for key in ("train_range", "eval_range"):
         rng = getattr(d, key)
         if rng is not None and not 0 <= rng[0] < rng[1]:
-            raise UsageError(f"recipe key 'data.{key}': expected [start, stop) with 0 <= start < stop")
+            raise UsageError(
+                f"recipe key 'data.{key}': expected [start, stop) with 0 <= start < stop"
+            )
     t = recipe.train
     if t.epochs < 1:
         raise UsageError("recipe key 'train.epochs': expected an integer >= 1")
@@ -337,7 +348,9 @@ def parse_mesh_arg(text: str) -> dict[str, int]:
     for part in text.split(","):
         name, sep, size = part.strip().partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"--mesh {text!r}: expected AXIS=SIZE[,AXIS=SIZE...], like batch=4,model=2")
+            raise UsageError(
+                f"--mesh {text!r}: expected AXIS=SIZE[,AXIS=SIZE...], like batch=4,model=2"
+            )
         try:
             mesh[name.strip()] = int(size)
         except ValueError:
@@ -375,7 +388,9 @@ def apply_set(raw: dict, assignment: str) -> None:
     key, sep, text = assignment.partition("=")
     parts = key.strip().split(".")
     if not sep or not key.strip() or any(not p for p in parts):
-        raise UsageError(f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4")
+        raise UsageError(
+            f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4"
+        )
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
@@ -402,9 +417,11 @@ def read_raw(path: str | Path) -> dict:
     if not p.is_file():
         raise UsageError(f"recipe {str(p)!r}: no such file")
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"recipe {str(p)!r}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"recipe {str(p)!r}: cannot read it (not UTF-8 text)") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -435,6 +452,9 @@ def load(
             # A new mesh without --devices: the device count follows the mesh ("cpu:8" -> "cpu").
             raw["devices"] = raw["devices"].split(":")[0]
     if devices is not None:
+        from dtcli.devices import parse as parse_devices
+
+        parse_devices(devices, "--devices")
         raw["devices"] = devices
     if epochs is not None:
         raw.setdefault("train", {})

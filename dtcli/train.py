@@ -50,8 +50,9 @@ class Session:
         return {"model": self.model.module, "optimizer": self.optimizer.trackable}
 
 
-def plan(recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int],
-         seed: int) -> tuple[list[layout_lib.WeightPlan], dict]:
+def plan(
+    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int], seed: int
+) -> tuple[list[layout_lib.WeightPlan], dict]:
     """Weights of the model and where each lives; Keras initial values come with them."""
     if recipe.model.api == "keras":
         weights, initial = models.describe_keras(recipe.model, input_shape, num_classes, seed)
@@ -73,16 +74,33 @@ def prepare(recipe: Recipe, splits: tuple[str, ...] = ("train", "eval")) -> Sess
     plans, initial = plan(recipe, dataset.input_shape, dataset.num_classes, axes, recipe.seed)
     mesh = mesh_lib.build_mesh(axes, devices.device_type)
     if recipe.model.api == "keras":
-        built = models.build_keras(recipe.model, dataset.input_shape, dataset.num_classes, mesh,
-                                   plans, initial, recipe.seed)
+        built = models.build_keras(
+            recipe.model,
+            dataset.input_shape,
+            dataset.num_classes,
+            mesh,
+            plans,
+            initial,
+            recipe.seed,
+        )
     else:
-        built = models.build_core(recipe.model, dataset.input_shape, dataset.num_classes, mesh,
-                                  plans, recipe.seed)
+        built = models.build_core(
+            recipe.model, dataset.input_shape, dataset.num_classes, mesh, plans, recipe.seed
+        )
     optimizer = optimizers.make(recipe.model.api, recipe.optimizer, mesh)
     optimizer.build(built.trainable_variables)
     resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
-    return Session(resolved, devices, axes, mesh, dataset, plans, built, optimizer,
-                   data_lib.Packer(mesh, data_axis))
+    return Session(
+        resolved,
+        devices,
+        axes,
+        mesh,
+        dataset,
+        plans,
+        built,
+        optimizer,
+        data_lib.Packer(mesh, data_axis),
+    )
 
 
 # --------------------------------------------------------------------------- steps
@@ -99,8 +117,11 @@ def make_steps(session: Session) -> tuple[Any, Any]:
     def sums(logits: Any, y: Any, mask: Any) -> dict[str, Any]:
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
         hit = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), y), tf.float32)
-        return {"ce_sum": tf.reduce_sum(ce * mask), "correct": tf.reduce_sum(hit * mask),
-                "count": tf.reduce_sum(mask)}
+        return {
+            "ce_sum": tf.reduce_sum(ce * mask),
+            "correct": tf.reduce_sum(hit * mask),
+            "count": tf.reduce_sum(mask),
+        }
 
     @tf.function
     def train_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
@@ -125,8 +146,9 @@ def make_steps(session: Session) -> tuple[Any, Any]:
     return train_step, eval_step
 
 
-def evaluate(session: Session, eval_step: Any, split: data_lib.Split,
-             packed: list | None = None) -> dict[str, float]:
+def evaluate(
+    session: Session, eval_step: Any, split: data_lib.Split, packed: list | None = None
+) -> dict[str, float]:
     """Loss and accuracy over every example of `split`, each counted exactly once."""
     ce = correct = count = 0.0
     batches = packed if packed is not None else pack_all(session, split)
@@ -135,13 +157,15 @@ def evaluate(session: Session, eval_step: Any, split: data_lib.Split,
         ce += float(out["ce_sum"])
         correct += float(out["correct"])
         count += float(out["count"])
-    return {"loss": ce / max(count, 1.0), "accuracy": correct / max(count, 1.0),
-            "examples": int(count)}
+    return {
+        "loss": ce / max(count, 1.0),
+        "accuracy": correct / max(count, 1.0),
+        "examples": int(count),
+    }
 
 
 def pack_all(session: Session, split: data_lib.Split) -> list:
-    return [session.packer.pack_batch(b)
-            for b in data_lib.batches(split, session.eval_batch_size)]
+    return [session.packer.pack_batch(b) for b in data_lib.batches(split, session.eval_batch_size)]
 
 
 def run_steps(session: Session, steps: int) -> list[float]:
@@ -151,7 +175,9 @@ def run_steps(session: Session, steps: int) -> list[float]:
     losses: list[float] = []
     epoch = 0
     while len(losses) < steps:
-        order = data_lib.epoch_order(len(session.data.train), recipe.seed, epoch, recipe.data.shuffle)
+        order = data_lib.epoch_order(
+            len(session.data.train), recipe.seed, epoch, recipe.data.shuffle
+        )
         for batch in data_lib.batches(session.data.train, recipe.data.batch_size, order):
             if len(losses) == steps:
                 break
@@ -173,7 +199,11 @@ def _versions() -> dict[str, str]:
 
     import dtcli
 
-    return {"dtcli": dtcli.__version__, "tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
+    return {
+        "dtcli": dtcli.__version__,
+        "tensorflow": tf.__version__,
+        "tf_keras": tf_keras.__version__,
+    }
 
 
 @dataclass
@@ -185,8 +215,13 @@ class RunResult:
 RECIPE_FILE = "recipe.yaml"
 
 
-def resume_recipe(run_dir: Path, sets: list[str] | tuple[str, ...] = (), mesh: str | None = None,
-                  devices: str | None = None, epochs: int | None = None) -> Recipe:
+def resume_recipe(
+    run_dir: Path,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    epochs: int | None = None,
+) -> Recipe:
     """The recipe a run was written with, with command-line overrides (for --resume)."""
     path = Path(run_dir) / RECIPE_FILE
     if not path.is_file():
@@ -194,8 +229,13 @@ def resume_recipe(run_dir: Path, sets: list[str] | tuple[str, ...] = (), mesh: s
     return recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
 
 
-def train(recipe: Recipe, out: Path | None = None, resume: Path | None = None,
-          console: Any = None, progress: bool = True) -> RunResult:
+def train(
+    recipe: Recipe,
+    out: Path | None = None,
+    resume: Path | None = None,
+    console: Any = None,
+    progress: bool = True,
+) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`)."""
     from rich.console import Console
 
@@ -203,7 +243,8 @@ def train(recipe: Recipe, out: Path | None = None, resume: Path | None = None,
     from dtcli import metrics as metrics_lib
     from dtcli import plot as plot_lib
 
-    console = console or Console(stderr=True)
+    # soft_wrap: logs piped to a file keep one line per message
+    console = console or Console(stderr=True, soft_wrap=True)
     if resume is not None:
         run_dir = Path(resume)
         latest = ckpt_lib.latest(run_dir)
@@ -212,8 +253,10 @@ def train(recipe: Recipe, out: Path | None = None, resume: Path | None = None,
     else:
         run_dir = Path(out) if out is not None else default_run_dir(recipe)
         if run_dir.exists() and any(run_dir.iterdir()):
-            raise UsageError(f"--out {str(run_dir)!r}: the folder exists and is not empty "
-                             "(use --resume to continue a run)")
+            raise UsageError(
+                f"--out {str(run_dir)!r}: the folder exists and is not empty "
+                "(use --resume to continue a run)"
+            )
 
     session = prepare(recipe)
     recipe = session.recipe
@@ -223,14 +266,18 @@ def train(recipe: Recipe, out: Path | None = None, resume: Path | None = None,
     history: list[dict[str, Any]] = []
     start = EpochState(0)
     if resume is not None:
+        checkpointer.clean()
         checkpointer.restore(latest, session.model.weights)
         meta = ckpt_lib.read_meta(latest)
         start = EpochState(**meta["epoch_state"])
         metrics_path = run_dir / metrics_lib.METRICS_FILE
         metrics_lib.truncate_after(metrics_path, meta["step"])
         history = metrics_lib.read(metrics_path) if metrics_path.exists() else []
-        console.print(f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
-                      f"step {meta['step']})", highlight=False)
+        console.print(
+            f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
+            f"step {meta['step']})",
+            highlight=False,
+        )
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -238,8 +285,19 @@ def train(recipe: Recipe, out: Path | None = None, resume: Path | None = None,
         writer = metrics_lib.MetricsWriter(run_dir)
         _describe(console, session, run_dir)
         with _StopOnSigint() as stop:
-            history = _loop(session, train_step, eval_step, eval_packed, writer, checkpointer,
-                            console, progress, history, start, stop)
+            history = _loop(
+                session,
+                train_step,
+                eval_step,
+                eval_packed,
+                writer,
+                checkpointer,
+                console,
+                progress,
+                history,
+                start,
+                stop,
+            )
         writer.close()
         plot_lib.plot_runs([run_dir], run_dir / "plots")
     except BaseException:
@@ -309,8 +367,14 @@ def epoch_steps(session: Session) -> int:
     return min(steps, limit) if limit else steps
 
 
-def run_epoch(session: Session, train_step: Any, state: EpochState, bar: Any = None,
-              writer: Any = None, stop: Any = None) -> EpochState:
+def run_epoch(
+    session: Session,
+    train_step: Any,
+    state: EpochState,
+    bar: Any = None,
+    writer: Any = None,
+    stop: Any = None,
+) -> EpochState:
     """Train the rest of one epoch (from `state.batch`); returns early when `stop()` is true."""
     recipe = session.recipe
     split = session.data.train
@@ -333,8 +397,12 @@ def run_epoch(session: Session, train_step: Any, state: EpochState, bar: Any = N
         if writer is not None and state.batch % log_every == 0:
             writer.scalars(int(session.optimizer.iterations.numpy()), {"step_loss": loss})
         if bar is not None:
-            bar.update(state.batch, state.loss_sum / state.count, state.correct / state.count,
-                       state.count / state.seconds)
+            bar.update(
+                state.batch,
+                state.loss_sum / state.count,
+                state.correct / state.count,
+                state.count / state.seconds,
+            )
         if stop is not None and stop():
             break
     return state
@@ -356,9 +424,19 @@ class Interrupted(Exception):
         )
 
 
-def _loop(session: Session, train_step: Any, eval_step: Any, eval_packed: list, writer: Any,
-          checkpointer: Any, console: Any, progress: bool, history: list[dict[str, Any]],
-          start: EpochState, stop: Any) -> list[dict[str, Any]]:
+def _loop(
+    session: Session,
+    train_step: Any,
+    eval_step: Any,
+    eval_packed: list,
+    writer: Any,
+    checkpointer: Any,
+    console: Any,
+    progress: bool,
+    history: list[dict[str, Any]],
+    start: EpochState,
+    stop: Any,
+) -> list[dict[str, Any]]:
     cfg = session.recipe.train
     bar = _Bar(console, enabled=progress)
     steps = epoch_steps(session)
@@ -383,12 +461,16 @@ def _loop(session: Session, train_step: Any, eval_step: Any, eval_packed: list, 
             raise Interrupted(saved, checkpointer.folder.parent)
         ev = evaluate(session, eval_step, session.data.eval, eval_packed)
         record = {
-            "epoch": epoch + 1, "step": step,
+            "epoch": epoch + 1,
+            "step": step,
             "train_loss": state.loss_sum / state.count,
             "train_accuracy": state.correct / state.count,
-            "eval_loss": ev["loss"], "eval_accuracy": ev["accuracy"],
-            "examples_per_sec": state.count / state.seconds, "seconds": state.seconds,
-            "train_examples": int(state.count), "eval_examples": ev["examples"],
+            "eval_loss": ev["loss"],
+            "eval_accuracy": ev["accuracy"],
+            "examples_per_sec": state.count / state.seconds,
+            "seconds": state.seconds,
+            "train_examples": int(state.count),
+            "eval_examples": ev["examples"],
         }
         history.append(record)
         writer.epoch(record)
@@ -414,12 +496,18 @@ def _last_checkpoint(checkpointer: Any) -> str:
 
 def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
     return {
-        "step": step, "epoch": state.epoch, "epoch_state": dataclasses.asdict(state),
-        "mesh": session.axes, "devices": session.devices.text,
-        "time": datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
-        "pid": os.getpid(), "recipe": recipe_lib.to_mapping(session.recipe),
+        "step": step,
+        "epoch": state.epoch,
+        "epoch_state": dataclasses.asdict(state),
+        "mesh": session.axes,
+        "devices": session.devices.text,
+        "time": datetime.now().isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "pid": os.getpid(),
+        "recipe": recipe_lib.to_mapping(session.recipe),
         "weights": {w.path: list(w.shape) for w in session.model.weights},
-        "input_shape": list(session.data.input_shape), "num_classes": session.data.num_classes,
+        "input_shape": list(session.data.input_shape),
+        "num_classes": session.data.num_classes,
     }
 
 
@@ -434,20 +522,31 @@ class _Bar:
     def start(self, epoch: int, epochs: int, steps: int, done: int = 0) -> None:
         if not self.enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = Progress(
-            TextColumn(f"epoch {epoch}/{epochs}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-            console=self.console, transient=True,
+            TextColumn(f"epoch {epoch}/{epochs}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=steps, completed=done, stats="")
 
     def update(self, done: int, loss: float, acc: float, rate: float) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, completed=done,
-                                 stats=f"loss {loss:.4f} acc {acc:.4f} {rate:,.0f} ex/s")
+            self.progress.update(
+                self.task, completed=done, stats=f"loss {loss:.4f} acc {acc:.4f} {rate:,.0f} ex/s"
+            )
 
     def stop(self) -> None:
         if self.progress is not None:
@@ -470,10 +569,24 @@ def _summary(console: Any, history: list[dict[str, Any]], run_dir: Path) -> None
     from rich.table import Table
 
     table = Table(title=f"{run_dir}")
-    for col in ("epoch", "train loss", "train acc", "eval loss", "eval acc", "examples/s", "seconds"):
+    for col in (
+        "epoch",
+        "train loss",
+        "train acc",
+        "eval loss",
+        "eval acc",
+        "examples/s",
+        "seconds",
+    ):
         table.add_column(col, justify="right")
     for r in history:
-        table.add_row(str(r["epoch"]), f"{r['train_loss']:.4f}", f"{r['train_accuracy']:.4f}",
-                      f"{r['eval_loss']:.4f}", f"{r['eval_accuracy']:.4f}",
-                      f"{r['examples_per_sec']:,.0f}", f"{r['seconds']:.2f}")
+        table.add_row(
+            str(r["epoch"]),
+            f"{r['train_loss']:.4f}",
+            f"{r['train_accuracy']:.4f}",
+            f"{r['eval_loss']:.4f}",
+            f"{r['eval_accuracy']:.4f}",
+            f"{r['examples_per_sec']:,.0f}",
+            f"{r['seconds']:.2f}",
+        )
     console.print(table)

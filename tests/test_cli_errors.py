@@ -1,0 +1,127 @@
+"""Every bad input: one line naming the key or argument, exit code 2, no traceback, no run dir."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import RECIPES, dtcli
+
+QUICK = str(RECIPES / "quickstart.yaml")
+
+
+def recipe_with(tmp_path, edit) -> str:
+    raw = yaml.safe_load((RECIPES / "quickstart.yaml").read_text())
+    edit(raw)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def set_rule(pattern, dims):
+    return lambda raw: raw["layouts"]["rules"].__setitem__(pattern, dims)
+
+
+def set_units(units):
+    return lambda raw: raw["model"]["layers"][0]["Dense"].__setitem__("units", units)
+
+
+CASES = {
+    "unknown key": (
+        [QUICK, "--set", "optimizer.learnig_rate=0.1"],
+        r"unknown recipe key 'optimizer.learnig_rate' (did you mean 'learning_rate'?)",
+    ),
+    "wrong type": (
+        [QUICK, "--set", "train.epochs=many"],
+        "recipe key 'train.epochs': expected an integer",
+    ),
+    "mesh product": (
+        [QUICK, "--mesh", "batch=4,model=4", "--devices", "cpu:8"],
+        "mesh batch=4,model=4: axis sizes multiply to 16, but there are 8 devices",
+    ),
+    "layout axis missing": (
+        set_rule(r"dense_1\.bias", ["tensor"]),
+        "recipe key 'layouts.rules.dense_1\\.bias': axis 'tensor' is not in the mesh",
+    ),
+    "rule rank": (
+        set_rule(r"dense_1\.bias", ["model", "unsharded"]),
+        "gives 2 dims but weight 'dense_1.bias' has rank 1",
+    ),
+    "not divisible": (
+        set_units(127),
+        "has size 127, which does not divide by mesh axis 'model' of size 2",
+    ),
+    "batch size": (
+        [QUICK, "--set", "data.batch_size=30"],
+        "recipe key 'data.batch_size': 30 does not divide by the data axis 'batch' of size 4",
+    ),
+    "missing data path": (
+        [QUICK, "--set", "data.source=idx", "--set", "data.path=/no/such/dir"],
+        "recipe key 'data.path': '/no/such/dir' is not a folder",
+    ),
+    "unknown tfds name": (
+        [QUICK, "--set", "data.source=tfds", "--set", "data.name=mnistt"],
+        "recipe key 'data.name': no TFDS data set named 'mnistt' (did you mean 'mnist'?)",
+    ),
+    "unparsable set": (
+        [QUICK, "--set", "optimizer.learning_rate"],
+        "--set 'optimizer.learning_rate': expected KEY.PATH=VALUE",
+    ),
+    "missing recipe": (["/no/such/recipe.yaml"], "recipe '/no/such/recipe.yaml': no such file"),
+    "bad devices": (
+        [QUICK, "--devices", "gpu:x"],
+        "--devices: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got 'gpu:x'",
+    ),
+    "bad mesh arg": ([QUICK, "--mesh", "batch:4"], "--mesh 'batch:4': expected AXIS=SIZE"),
+}
+
+
+def check_one_line_error(proc, expected: str) -> None:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert expected in lines[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_bad_input(case, tmp_path):
+    args, expected = CASES[case]
+    if callable(args):
+        args = [recipe_with(tmp_path, args)]
+    out = tmp_path / "run"
+    proc = dtcli("train", *args, "--out", out)
+    check_one_line_error(proc, expected)
+    assert not out.exists(), "nothing may be left behind"
+
+
+def test_tfds_not_prepared_offline_says_how_to_prepare(tmp_path):
+    out = tmp_path / "run"
+    proc = dtcli(
+        "train",
+        QUICK,
+        "--set",
+        "data.source=tfds",
+        "--set",
+        "data.name=mnist",
+        "--set",
+        f"data.data_dir={tmp_path / 'tfds'}",
+        "--out",
+        out,
+    )
+    check_one_line_error(proc, "TFDS data set 'mnist' is not prepared in")
+    assert "tfds build mnist --data_dir DIR" in proc.stderr
+    assert not out.exists()
+
+
+def test_unreadable_recipe(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00\x01")
+    check_one_line_error(dtcli("train", path), "cannot read it (not UTF-8 text)")
+
+
+def test_out_folder_that_holds_files_is_not_touched(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    proc = dtcli("train", QUICK, "--out", tmp_path)
+    check_one_line_error(proc, "the folder exists and is not empty")
+    assert (tmp_path / "keep.txt").read_text() == "mine"

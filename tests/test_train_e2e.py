@@ -1,0 +1,291 @@
+"""`dtcli train` end to end: the run directory, eval on other meshes, resume, Ctrl-C, kills
+during a save, export and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import RECIPES, ROOT, dtcli, env, run_python
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import metrics
+
+QUICK = str(RECIPES / "quickstart.yaml")
+FIELDS = {
+    "epoch",
+    "step",
+    "train_loss",
+    "train_accuracy",
+    "eval_loss",
+    "eval_accuracy",
+    "examples_per_sec",
+    "seconds",
+}
+
+
+def train(*args, ok=True):
+    proc = dtcli("train", *args, "--no-progress")
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run4(tmp_path_factory):
+    """The quickstart for 4 epochs on batch=4 x model=2 (8 virtual CPUs)."""
+    out = tmp_path_factory.mktemp("runs") / "q4"
+    train(QUICK, "--epochs", "4", "--set", "train.checkpoint_every=1", "--out", out)
+    return out
+
+
+def test_run_directory_holds_everything(run4):
+    recipe = (run4 / "recipe.yaml").read_text()
+    assert "batch: 4" in recipe and "devices: cpu:8" in recipe and "epochs: 4" in recipe
+    records = metrics.read(run4 / "metrics.jsonl")
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+    assert all(FIELDS <= set(r) for r in records)
+    assert records[-1]["step"] == 4 * 23  # 1437 examples / 64, the last batch padded
+    assert records[-1]["eval_examples"] == 360 and records[-1]["train_examples"] == 1437
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert [p.name for p in ckpt_lib.complete(run4)] == ["ckpt-00000069", "ckpt-00000092"]  # keep 2
+    meta = ckpt_lib.read_meta(run4 / "checkpoints" / "ckpt-00000092")
+    assert meta["mesh"] == {"batch": 4, "model": 2} and meta["versions"]["tensorflow"]
+    assert sorted(p.name for p in (run4 / "plots").iterdir()) == ["accuracy.png", "loss.png"]
+    assert any(p.name.startswith("events.out.tfevents") for p in (run4 / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize("mesh", ["batch=1", "batch=8", "model=8"])
+def test_eval_on_other_meshes_reproduces_training_metrics(run4, mesh):
+    proc = dtcli("eval", run4, "--mesh", mesh, "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    final = metrics.read(run4 / "metrics.jsonl")[-1]
+    assert result["examples"] == 360
+    assert abs(result["accuracy"] - final["eval_accuracy"]) <= 1e-6
+    assert result["loss"] == pytest.approx(final["eval_loss"], rel=1e-4)
+    assert result["trained_on_mesh"] == "batch=4,model=2"
+
+
+def test_eval_of_another_model_names_the_weight(run4):
+    proc = dtcli(
+        "eval",
+        run4,
+        "--set",
+        "model.layers=[{Dense: {units: 64, activation: relu}}, {Dense: {units: 10}}]",
+    )
+    assert proc.returncode == 2
+    assert "weight 'dense_0.bias' has shape [128] there but [64] in this model" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_export_serves_plain_tensors_with_the_eval_accuracy(run4, tmp_path):
+    out = tmp_path / "saved"
+    proc = dtcli("export", run4, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    result = run_python(f"""
+        import json
+        import numpy as np
+        import tensorflow as tf
+        from dtcli import data
+        from dtcli.recipe import DataConfig
+        ds = data.load(DataConfig())
+        served = tf.saved_model.load("{out}")
+        logits = served.signatures["serving_default"](x=tf.constant(ds.eval.x))["logits"].numpy()
+        print(json.dumps(float(np.mean(np.argmax(logits, 1) == ds.eval.y))))
+    """)
+    assert abs(result - metrics.read(run4 / "metrics.jsonl")[-1]["eval_accuracy"]) <= 1e-6
+
+
+def final_weights(run_dir, api_sets=()) -> dict:
+    return run_python(f"""
+        import json
+        from dtcli import evaluate, models, train
+        ckpt = evaluate.find_checkpoint("{run_dir}")
+        recipe = evaluate.checkpoint_recipe(ckpt)
+        s = train.prepare(recipe)
+        from dtcli.checkpoint import Checkpointer
+        Checkpointer(ckpt.parent.parent, s.checkpoint_objects(), 1).restore(ckpt)
+        w = models.host_weights(s.model, s.mesh)
+        print(json.dumps({{k: v.tolist() for k, v in w.items()}}))
+    """)
+
+
+def max_rel(a: dict, b: dict) -> float:
+    return max(
+        float(
+            np.max(np.abs(np.array(a[k]) - np.array(b[k])))
+            / max(np.max(np.abs(np.array(b[k]))), 1e-12)
+        )
+        for k in b
+    )
+
+
+CORE = ["--set", "model.api=core", "--set", "model.layers=null", "--set", "model.hidden=[128]"]
+
+
+@pytest.fixture(scope="module")
+def whole_weights(run4):
+    return final_weights(run4)
+
+
+@pytest.fixture(scope="module")
+def run2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "q2"
+    train(QUICK, "--epochs", "2", "--out", out)
+    return out
+
+
+def test_resume_gives_the_same_run_keras(run2, run4, whole_weights, tmp_path):
+    split = tmp_path / "split"
+    shutil.copytree(run2, split)
+    train("--resume", split, "--epochs", "4")
+    a, b = metrics.read(run4 / "metrics.jsonl"), metrics.read(split / "metrics.jsonl")
+    assert [r["epoch"] for r in b] == [1, 2, 3, 4]
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "step"):
+        assert b[-1][key] == pytest.approx(a[-1][key], rel=1e-5)
+    assert max_rel(final_weights(split), whole_weights) <= 1e-5
+
+
+def test_resume_gives_the_same_run_core(tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    train(QUICK, *CORE, "--epochs", "4", "--out", whole)
+    train(QUICK, *CORE, "--epochs", "2", "--out", split)
+    train("--resume", split, "--epochs", "4")
+    a, b = metrics.read(whole / "metrics.jsonl"), metrics.read(split / "metrics.jsonl")
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "step"):
+        assert b[-1][key] == pytest.approx(a[-1][key], rel=1e-5)
+    assert max_rel(final_weights(split), final_weights(whole)) <= 1e-5
+
+
+def test_resume_onto_another_mesh(run2, run4, whole_weights, tmp_path):
+    split = tmp_path / "split"
+    shutil.copytree(run2, split)
+    train("--resume", split, "--epochs", "4", "--mesh", "batch=2,model=4")
+    assert "batch: 2" in (split / "recipe.yaml").read_text()
+    a, b = metrics.read(run4 / "metrics.jsonl"), metrics.read(split / "metrics.jsonl")
+    for key in ("train_loss", "eval_loss", "eval_accuracy"):
+        assert b[-1][key] == pytest.approx(a[-1][key], rel=1e-4)
+    assert max_rel(final_weights(split), whole_weights) <= 1e-4
+
+
+def start_training(out, epochs, extra_env=None):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dtcli.cli",
+            "train",
+            QUICK,
+            "--epochs",
+            str(epochs),
+            "--set",
+            "train.checkpoint_every=1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env={**env(), **(extra_env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(condition, timeout=120.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_ctrl_c_saves_and_the_run_resumes_to_the_same_end(tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(QUICK, "--epochs", "12", "--out", whole)
+    # Slow saves (0.3 s each) keep the run going long enough to interrupt it mid-way.
+    proc = start_training(cut, 12, {"DTCLI_TEST_PAUSE_IN_SAVE": "0.3"})
+    wait_for(lambda: len(ckpt_lib.complete(cut)) >= 2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert f"resume with: dtcli train --resume {cut}" in stderr
+    assert "Traceback" not in stderr
+    train("--resume", cut)
+    a, b = metrics.read(whole / "metrics.jsonl"), metrics.read(cut / "metrics.jsonl")
+    assert [r["epoch"] for r in b] == list(range(1, 13))
+    assert b[-1]["eval_loss"] == pytest.approx(a[-1]["eval_loss"], rel=1e-5)
+    assert b[-1]["step"] == a[-1]["step"]
+
+
+def test_kill_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
+    out = tmp_path / "run"
+    proc = start_training(out, 30, {"DTCLI_TEST_PAUSE_IN_SAVE": "3"})
+    folder = out / "checkpoints"
+    wait_for(lambda: ckpt_lib.complete(out) and any(folder.glob(".tmp-ckpt-*")))
+    proc.kill()
+    proc.communicate(timeout=60)
+    before = ckpt_lib.latest(out)
+    assert before is not None and list(folder.glob(".tmp-ckpt-*"))
+    proc = dtcli("eval", out, "--json")  # the half-written save is invisible
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["checkpoint"] == str(before)
+    resumed = train("--resume", out, "--epochs", str(ckpt_lib.read_meta(before)["epoch"] + 1))
+    assert f"resuming {before}" in resumed.stderr
+    assert not list(folder.glob(".tmp-ckpt-*"))
+    assert (
+        metrics.read(out / "metrics.jsonl")[-1]["epoch"] == ckpt_lib.read_meta(before)["epoch"] + 1
+    )
+
+
+def test_non_finite_loss_stops_loudly_and_saves_nothing_bad(tmp_path):
+    out = tmp_path / "run"
+    proc = train(
+        QUICK,
+        "--set",
+        "optimizer.learning_rate=1e12",
+        "--set",
+        "optimizer.name=sgd",
+        "--epochs",
+        "3",
+        "--out",
+        out,
+        ok=False,
+    )
+    assert proc.returncode == 1
+    assert "non-finite training loss" in proc.stderr and "Traceback" not in proc.stderr
+    assert not ckpt_lib.complete(out)
+
+
+def test_plot_overlays_two_runs(run4, tmp_path):
+    other = tmp_path / "other"
+    train(QUICK, "--epochs", "2", "--set", "optimizer.learning_rate=1e-3", "--out", other)
+    proc = dtcli("plot", run4, other, "--out", tmp_path / "plots")
+    assert proc.returncode == 0, proc.stderr
+    written = proc.stdout.split()
+    assert [os.path.basename(p) for p in written] == ["loss.png", "accuracy.png"]
+    assert all(os.path.getsize(p) > 10_000 for p in written)
+
+
+def test_tfds_source_with_mock_data(tmp_path):
+    result = run_python(f"""
+        import json
+        from tensorflow_datasets.testing import mock_data
+        from dtcli import recipe as R, train as T
+        recipe = R.load("recipes/mnist_core_mlp.yaml",
+                        ["data.data_dir={tmp_path}", "model.hidden=[32]", "train.epochs=1"],
+                        mesh="batch=4")
+        with mock_data(num_examples=64):
+            result = T.train(recipe, out="{tmp_path / "run"}", progress=False)
+        print(json.dumps(result.history[-1]))
+    """)
+    assert result["train_examples"] == 64 and result["eval_examples"] == 64
