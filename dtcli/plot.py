@@ -49,6 +49,7 @@ def plot_runs(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     runs = load_runs(run_dirs, warn)
     wanted = metrics or ["loss", "accuracy"]
@@ -81,6 +82,7 @@ def plot_runs(
                     label=label,
                 )
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         ax.set_ylabel(metric.replace("_", " "))
         title = TITLES[metric] + (" vs training epochs" if metric != "examples_per_sec" else "")
         if not several:

@@ -1,0 +1,226 @@
+"""dtcli's training loop against a hand-written seed-000-style DTensor loop: examples/s, one run.
+
+Both loops train the same Core-API MLP (the recipe's), from the same initial weights, on the same
+examples in the same order, on the same mesh, in the same process; epochs alternate between them
+so that machine noise hits both alike. The hand-written loop is what seed 000 writes by hand:
+DenseLayer modules over DVariables, its Adam (with the step counter a variable, not a Python
+float frozen at trace time), a tf.data pipeline, `tf.split` + `dtensor.pack` per batch, and a
+`tf.function` step that returns the batch loss and accuracy.
+
+    python bench/throughput.py                                  # MNIST IDX from ../shared
+    python bench/throughput.py --mesh batch=4,model=2 --repeats 5
+    python bench/throughput.py --synthetic                      # no data files needed
+
+It prints one table and, last, one JSON line with both rates and their ratio (dtcli / hand).
+Only full batches are timed (the recipe's steps per epoch are cut to whole batches), so both
+loops do exactly the same arithmetic; the final losses are printed side by side as the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MNIST = ROOT.parent / "shared" / "data" / "mnist"
+
+
+def hand_written_loop(mesh, data_axis: str, initial: dict, widths: list[int], lr: float):
+    """Seed 000's model, optimizer, packing and step, written the way the tutorial writes them."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    class DenseLayer(tf.Module):
+        def __init__(self, w, b, activation):
+            super().__init__()
+            self.activation = activation
+            self.w = dtensor.DVariable(w)
+            self.b = dtensor.DVariable(b)
+
+        def __call__(self, x):
+            return self.activation(tf.add(tf.matmul(x, self.w), self.b))
+
+    class MLP(tf.Module):
+        def __init__(self, layers):
+            super().__init__()
+            self.layers = layers
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    replicated = lambda rank: dtensor.Layout.replicated(mesh, rank)  # noqa: E731
+    layers = []
+    for i in range(len(widths) - 1):
+        w = dtensor.copy_to_mesh(initial[f"dense_{i}.kernel"], replicated(2))
+        b = dtensor.copy_to_mesh(initial[f"dense_{i}.bias"], replicated(1))
+        act = tf.nn.relu if i < len(widths) - 2 else tf.identity
+        layers.append(DenseLayer(w, b, act))
+    model = MLP(layers)
+
+    class Adam(tf.Module):
+        def __init__(self, model_vars, learning_rate, beta_1=0.9, beta_2=0.999, ep=1e-7):
+            self.model_vars = model_vars
+            self.beta_1, self.beta_2 = beta_1, beta_2
+            self.learning_rate, self.ep = learning_rate, ep
+            # The seed keeps `t` as a Python float, frozen at trace time: a variable here.
+            self.t = dtensor.DVariable(dtensor.call_with_layout(tf.ones, replicated(0), shape=()))
+            self.v_dvar = [
+                dtensor.DVariable(dtensor.call_with_layout(tf.zeros, v.layout, shape=v.shape))
+                for v in model_vars
+            ]
+            self.s_dvar = [
+                dtensor.DVariable(dtensor.call_with_layout(tf.zeros, v.layout, shape=v.shape))
+                for v in model_vars
+            ]
+
+        def apply_gradients(self, grads):
+            for i, (d_var, var) in enumerate(zip(grads, self.model_vars)):
+                self.v_dvar[i].assign(self.beta_1 * self.v_dvar[i] + (1 - self.beta_1) * d_var)
+                self.s_dvar[i].assign(
+                    self.beta_2 * self.s_dvar[i] + (1 - self.beta_2) * tf.square(d_var)
+                )
+                v_bc = self.v_dvar[i] / (1 - (self.beta_1**self.t))
+                s_bc = self.s_dvar[i] / (1 - (self.beta_2**self.t))
+                var.assign_sub(self.learning_rate * (v_bc / (tf.sqrt(s_bc) + self.ep)))
+            self.t.assign_add(1.0)
+
+    optimizer = Adam(model.trainable_variables, learning_rate=lr)
+
+    def repack_local_tensor(x, layout):
+        # Seed 000's repack for a batch-sharded layout on a single client.
+        parts = tf.split(x, layout.mesh.dim_size(data_axis), axis=0)
+        locations = layout.mesh.local_device_locations()
+        return dtensor.pack([parts[loc[data_axis]] for loc in locations], layout)
+
+    x_layout = dtensor.Layout([data_axis, dtensor.UNSHARDED], mesh)
+    y_layout = dtensor.Layout([data_axis], mesh)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x)
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+            )
+        grads = tape.gradient(loss, model.trainable_variables)
+        with tf.control_dependencies(grads):  # DTENSOR_NOTES trap 1, the same barrier as dtcli
+            optimizer.apply_gradients(grads)
+        acc = tf.reduce_mean(
+            tf.cast(tf.equal(y, tf.argmax(logits, axis=1, output_type=tf.int32)), tf.float32)
+        )
+        return loss, acc
+
+    def run_epoch(x, y, batch_size: int) -> tuple[int, float]:
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True)
+        losses = []
+        for xb, yb in data:
+            xb, yb = repack_local_tensor(xb, x_layout), repack_local_tensor(yb, y_layout)
+            loss, _ = train_step(xb, yb)
+            losses.append(loss)
+        return len(losses) * batch_size, float(tf.reduce_mean(tf.stack(losses)))
+
+    return run_epoch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "mnist_core_mlp.yaml"))
+    parser.add_argument("--mesh", default=None, help="mesh for both loops (default: the recipe's)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed epochs of each loop")
+    parser.add_argument("--synthetic", action="store_true", help="synthetic data, no files")
+    parser.add_argument("--json", default=None, help="also write the result to this file")
+    args = parser.parse_args()
+
+    from dtcli import data as data_lib
+    from dtcli import models
+    from dtcli import recipe as recipe_lib
+    from dtcli import train as train_lib
+
+    sets = []
+    if args.synthetic or not MNIST.is_dir():
+        sets += ["data.source=synthetic", "data.shape=[784]", "data.count=5000"]
+    else:
+        sets += ["data.source=idx", f"data.path={MNIST}"]
+    recipe = recipe_lib.load(args.recipe, sets, mesh=args.mesh)
+    if recipe.model.api != "core":
+        raise SystemExit("bench/throughput.py compares Core-API MLP recipes (model.api: core)")
+    session = train_lib.prepare(recipe)
+    recipe = session.recipe
+    batch = recipe.data.batch_size
+    full = len(session.data.train) // batch
+    # Whole batches only, so both loops do the same arithmetic on the same examples.
+    session = train_lib.dataclasses.replace(
+        session, recipe=recipe_lib.replace(recipe, train=_steps(recipe.train, full))
+    )
+    initial = models.host_weights(session.model, session.mesh)
+    widths = [session.data.input_shape[0], *recipe.model.hidden, session.data.num_classes]
+    hand_epoch = hand_written_loop(
+        session.mesh, recipe.layouts.data_axis, initial, widths, recipe.optimizer.learning_rate
+    )
+    train_step, _ = train_lib.make_steps(session)
+
+    def dtcli_epoch(epoch: int) -> tuple[float, float]:
+        state = train_lib.run_epoch(session, train_step, train_lib.EpochState(epoch))
+        return state.count / state.seconds, state.loss_sum / state.count
+
+    def hand(epoch: int) -> tuple[float, float]:
+        order = data_lib.epoch_order(len(session.data.train), recipe.seed, epoch, True)
+        x, y = session.data.train.x[order], session.data.train.y[order]
+        start = time.perf_counter()
+        examples, mean_loss = hand_epoch(x, y, batch)
+        return examples / (time.perf_counter() - start), mean_loss
+
+    rates: dict[str, list[float]] = {"dtcli": [], "hand": []}
+    losses: dict[str, float] = {}
+    for epoch in range(args.repeats + 1):  # epoch 0 traces both steps: not timed
+        for name, fn in (("dtcli", dtcli_epoch), ("hand", hand)):
+            rate, loss = fn(epoch)
+            if epoch:
+                rates[name].append(rate)
+            losses[name] = loss
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    result = {
+        "recipe": Path(args.recipe).name,
+        "data": session.data.description,
+        "mesh": ",".join(f"{a}={s}" for a, s in session.axes.items()),
+        "devices": session.devices.text,
+        "steps_per_epoch": full,
+        "repeats": args.repeats,
+        "dtcli_examples_per_sec": med["dtcli"],
+        "hand_examples_per_sec": med["hand"],
+        "ratio": med["dtcli"] / med["hand"],
+        "dtcli_all": rates["dtcli"],
+        "hand_all": rates["hand"],
+        "dtcli_epoch_loss": losses["dtcli"],
+        "hand_epoch_loss": losses["hand"],
+    }
+    print(
+        f"{result['recipe']} on {result['mesh']} ({result['devices']}), {full} steps of {batch}, "
+        f"median of {args.repeats} epochs each:\n"
+        f"  dtcli        {med['dtcli']:10,.0f} examples/s   {_list(rates['dtcli'])}\n"
+        f"  hand-written {med['hand']:10,.0f} examples/s   {_list(rates['hand'])}\n"
+        f"  ratio dtcli/hand = {result['ratio']:.3f}\n"
+        f"  last epoch's mean loss: dtcli {losses['dtcli']:.6f}, hand-written {losses['hand']:.6f}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+
+
+def _steps(train_cfg, steps: int):
+    import dataclasses
+
+    return dataclasses.replace(train_cfg, steps_per_epoch=steps)
+
+
+def _list(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:,.0f}" for v in values) + "]"
+
+
+if __name__ == "__main__":
+    main()
