@@ -146,6 +146,50 @@ def export(
 
 @app.command()
 @_handled
+def plan(
+    recipe: Path = typer.Argument(..., help="The recipe YAML file."),
+    sets: list[str] | None = SetOption,
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+) -> None:
+    """Show where every weight lives on the mesh and what each device holds; trains nothing."""
+    from dtcli import plan as plan_lib
+    from dtcli import recipe as recipe_lib
+
+    report = plan_lib.make_report(recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices))
+    if as_json:
+        import json
+
+        print(json.dumps(report.to_json()))
+        return
+    from rich.console import Console
+
+    plan_lib.render(report, Console(soft_wrap=True))
+
+
+@app.command()
+@_handled
+def doctor(
+    devices: str | None = typer.Option(
+        None, "--devices", help="Devices to probe (default: gpu if any, else cpu:8)."
+    ),
+) -> None:
+    """Check versions, devices, DTensor flags, and that 1 device and a mesh give equal numbers."""
+    from rich.console import Console
+
+    from dtcli import doctor as doctor_lib
+
+    checks = doctor_lib.run(devices)
+    doctor_lib.render(checks, Console(soft_wrap=True))
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        print(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+@app.command()
+@_handled
 def plot(
     run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
     out: Path | None = typer.Option(

@@ -61,6 +61,32 @@ def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> D
     return Dataset(_shape(ds.train, cfg), _shape(ds.eval, cfg), ds.num_classes, ds.description)
 
 
+def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
+    """(input shape the model sees, class count) without loading the examples (for `dtcli plan`).
+
+    Reads only headers and labels: IDX headers, TFDS' static feature info, the recipe itself.
+    """
+    if cfg.source == "embedded":
+        _embedded_path(cfg)
+        example, classes = (8, 8), 10
+    elif cfg.source == "idx":
+        folder = _idx_folder(cfg)
+        images = [_find_idx(folder, p, "images") for p in ("train", "t10k")]
+        labels = [_find_idx(folder, p, "labels") for p in ("train", "t10k")]
+        header = _idx_header(next(p for p in images if p is not None))
+        example = tuple(header[1:])
+        classes = max(int(read_idx(p).max()) + 1 for p in labels if p is not None)
+    elif cfg.source == "tfds":
+        info = _tfds_builder(cfg).info
+        example = tuple(int(d) for d in info.features["image"].shape)
+        classes = info.features["label"].num_classes
+    else:
+        example, classes = tuple(cfg.shape), cfg.classes
+    if cfg.flatten:
+        return (int(np.prod(example)),), classes
+    return (example + (1,) if len(example) == 2 else example), classes
+
+
 def _shape(split: Split, cfg: DataConfig) -> Split:
     x = split.x
     if cfg.flatten:
@@ -93,7 +119,7 @@ def _ranges(n: int, cfg: DataConfig, where: str) -> tuple[tuple[int, int], tuple
     return train, evaluate
 
 
-def _embedded(cfg: DataConfig) -> Dataset:
+def _embedded_path(cfg: DataConfig) -> Path:
     if cfg.name != "digits":
         raise UsageError(
             f"recipe key 'data.name': the embedded data set is 'digits', got {cfg.name!r}"
@@ -105,8 +131,11 @@ def _embedded(cfg: DataConfig) -> Dataset:
         raise UsageError(
             "data.source embedded: scikit-learn is not installed (pip install scikit-learn)"
         )
-    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
-    table = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    return Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+
+
+def _embedded(cfg: DataConfig) -> Dataset:
+    table = np.loadtxt(_embedded_path(cfg), delimiter=",", dtype=np.float32)
     x = table[:, :-1].reshape(-1, 8, 8) / 16.0
     y = table[:, -1].astype(np.int32)
     # The file is ordered by writer; a fixed permutation makes both halves alike.
@@ -125,27 +154,42 @@ def _embedded(cfg: DataConfig) -> Dataset:
     )
 
 
+def _idx_dims(raw: bytes, path: Path) -> list[int]:
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise UsageError(f"recipe key 'data.path': {path} is not an unsigned-byte IDX file")
+    ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise UsageError(f"recipe key 'data.path': {path} is truncated")
+    return [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+
+
+def _idx_header(path: Path) -> list[int]:
+    """The dims of an IDX file, reading only its header."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
+        return _idx_dims(f.read(4 + 4 * 255), path)
+
+
 def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file (optionally gzipped) into a numpy array."""
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise UsageError(f"recipe key 'data.path': {path} is not an unsigned-byte IDX file")
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    dims = _idx_dims(raw, path)
+    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * len(dims))
     if body.size != int(np.prod(dims)):
         raise UsageError(f"recipe key 'data.path': {path} is truncated")
     return body.reshape(dims)
 
 
-def _idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
-    def find(kind: str) -> Path | None:
-        hits = sorted(folder.glob(f"{prefix}-{kind}-idx*-ubyte*"))
-        return hits[0] if hits else None
+def _find_idx(folder: Path, prefix: str, kind: str) -> Path | None:
+    hits = sorted(folder.glob(f"{prefix}-{kind}-idx*-ubyte*"))
+    return hits[0] if hits else None
 
-    images, labels = find("images"), find("labels")
+
+def _idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
+    images, labels = _find_idx(folder, prefix, "images"), _find_idx(folder, prefix, "labels")
     if images is None or labels is None:
         return None
     x, y = read_idx(images), read_idx(labels)
@@ -156,16 +200,22 @@ def _idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None
     return x, y
 
 
-def _idx(cfg: DataConfig) -> Dataset:
+def _idx_folder(cfg: DataConfig) -> Path:
     folder = Path(cfg.path or "")
     if not folder.is_dir():
         raise UsageError(f"recipe key 'data.path': {str(folder)!r} is not a folder")
+    for prefix in ("train", "t10k"):
+        if _find_idx(folder, prefix, "images") and _find_idx(folder, prefix, "labels"):
+            return folder
+    raise UsageError(
+        f"recipe key 'data.path': no IDX files (train-*-idx*-ubyte[.gz] or t10k-*) in {folder}"
+    )
+
+
+def _idx(cfg: DataConfig) -> Dataset:
+    folder = _idx_folder(cfg)
     train_pair = _idx_pair(folder, "train")
     eval_pair = _idx_pair(folder, "t10k")
-    if train_pair is None and eval_pair is None:
-        raise UsageError(
-            f"recipe key 'data.path': no IDX files (train-*-idx*-ubyte[.gz] or t10k-*) in {folder}"
-        )
     if train_pair is not None and eval_pair is not None:
         tx, ty = train_pair
         ex, ey = eval_pair
@@ -187,14 +237,14 @@ def _idx(cfg: DataConfig) -> Dataset:
     )
 
 
-def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
+def _tfds_builder(cfg: DataConfig) -> Any:
     import tensorflow_datasets as tfds
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS' folder notices are not for users
 
     try:
-        builder = tfds.builder(cfg.name, data_dir=cfg.data_dir)
+        return tfds.builder(cfg.name, data_dir=cfg.data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         import difflib
 
@@ -203,7 +253,12 @@ def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
         raise UsageError(
             f"recipe key 'data.name': no TFDS data set named {cfg.name!r}{hint}"
         ) from None
-    num_classes = builder.info.features["label"].num_classes
+
+
+def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
+    import tensorflow_datasets as tfds
+
+    num_classes = _tfds_builder(cfg).info.features["label"].num_classes
 
     def read(split: str, key: str) -> Split:
         try:

@@ -28,6 +28,22 @@ def set_runtime_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def check_runtime_env() -> None:
+    """Refuse to train with the flags that make DTensor's numbers silently wrong."""
+    combine = os.environ.get("DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION")
+    if combine != "0":
+        raise UsageError(
+            f"environment DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION={combine}: DTensor's "
+            "all-reduce combining gives silently wrong weights on multi-device meshes; unset it "
+            "(dtcli sets 0) and see `dtcli doctor`"
+        )
+    if os.environ.get("DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION") == "1":
+        raise UsageError(
+            "environment DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION=1: gives wrong numbers even on "
+            "one device; unset it"
+        )
+
+
 # TensorFlow 2.21's native start-up lines ignore TF_CPP_MIN_LOG_LEVEL and are written straight to
 # file descriptor 2: oneDNN notices, "no CUDA driver", cuInit failures on CPU-only machines.
 _NATIVE_NOISE = re.compile(

@@ -55,8 +55,12 @@ def check_batch(axes: dict[str, int], data_axis: str, batch_size: int, key: str)
         )
 
 
-def build_mesh(axes: dict[str, int], device_type: str) -> Any:
-    """A DTensor mesh over the local devices of `device_type`, axes in recipe order."""
+def build_mesh(axes: dict[str, int], device_type: str, count: int | None = None) -> Any:
+    """A DTensor mesh over the local devices of `device_type` (the first `count` of them, or
+    all), axes in recipe order."""
     from tensorflow.experimental import dtensor
 
-    return dtensor.create_mesh(list(axes.items()), device_type=device_type)
+    if count is None:
+        return dtensor.create_mesh(list(axes.items()), device_type=device_type)
+    names = [f"{device_type}:{i}" for i in range(count)]
+    return dtensor.create_mesh(list(axes.items()), devices=names, device_type=device_type)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,9 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
     tf_keras.backend.experimental.enable_tf_random_generator()
     if cfg.build is not None:
         module_name, fn_name = cfg.build.split(":")
+        for folder in (cfg.build_path, "."):
+            if folder and folder not in sys.path:
+                sys.path.insert(0, folder)  # user code beside the recipe, or in the cwd
         try:
             fn = getattr(importlib.import_module(module_name), fn_name)
         except (ImportError, AttributeError) as exc:

@@ -73,6 +73,9 @@ class ModelConfig:
     # keras: "package.module:function" returning a tf_keras.Model, called with
     # (input_shape, num_classes, **args).
     build: str | None = None
+    # The folder `build`'s module is imported from (default: the recipe file's folder, filled in
+    # at load so that the resolved recipe in a run directory still finds it).
+    build_path: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
     # core: hidden layer widths and activation; the output layer has one unit per class.
     hidden: list[int] = field(default_factory=lambda: [128])
@@ -446,6 +449,9 @@ def load(
     raw = copy.deepcopy(path) if isinstance(path, dict) else read_raw(path)
     for assignment in sets:
         apply_set(raw, assignment)
+    model = raw.get("model")
+    if not isinstance(path, dict) and isinstance(model, dict) and model.get("build"):
+        model.setdefault("build_path", str(Path(path).resolve().parent))
     if mesh is not None:
         raw["mesh"] = _with_layout_axes(parse_mesh_arg(mesh), raw.get("layouts"))
         if devices is None and isinstance(raw.get("devices"), str):

@@ -1,14 +1,59 @@
-"""One recipe, the same numbers on any mesh: 20 steps on 1 device, batch=8 and batch=4 x model=2
-end with the same weights (the fused-step all-reduce trap and mesh-dependent init would fail it)."""
+"""One recipe, the same numbers on any mesh: 20 steps on 1 device, batch=8, batch=4 x model=2 and
+model=8 end with the same weights and losses (the fused-step all-reduce trap and mesh-dependent
+initialization would fail it), for Keras Sequential, Functional and subclassed models, a CNN, and
+the Core-API MLP."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 from conftest import run_python
 
-MESHES = ["batch=1", "batch=8", "batch=4,model=2"]
-COMBOS = [(api, opt) for api in ("keras", "core") for opt in ("sgd", "adam")]
+MESHES = ["batch=1", "batch=8", "batch=4,model=2", "model=8"]
+TP_RULES = {
+    r"dense_0\.kernel": ["unsharded", "model"],
+    r"dense_0\.bias": ["model"],
+    r"dense_1\.kernel": ["model", "unsharded"],
+}
+BUILT_RULES = {r"up\.kernel": ["unsharded", "model"], r"down\.kernel": ["model", "unsharded"]}
+SMALL_CNN = (
+    "model.layers=[{Conv2D: {filters: 8, kernel_size: 3, activation: relu}}, MaxPooling2D,"
+    " Flatten, {Dense: {units: 32, activation: relu}}, {Dense: {units: 10}}]"
+)
+
+
+def optimizer_sets(opt: str) -> list[str]:
+    return [
+        "optimizer.name=" + opt,
+        "optimizer.learning_rate=0.01",
+        "optimizer.momentum=" + ("0.9" if opt == "sgd" else "0.0"),
+    ]
+
+
+CASES = {
+    "keras-sgd": optimizer_sets("sgd"),
+    "keras-adam": optimizer_sets("adam"),
+    "keras-adamw": optimizer_sets("adamw"),
+    "core-sgd": optimizer_sets("sgd")
+    + ["model.api=core", "model.layers=null", "model.hidden=[128]"],
+    "core-adam": optimizer_sets("adam")
+    + ["model.api=core", "model.layers=null", "model.hidden=[128]"],
+    "cnn-adam": optimizer_sets("adam") + ["data.flatten=false", SMALL_CNN],
+    "functional-adam": optimizer_sets("adam")
+    + [
+        "model.layers=null",
+        "model.build=custom_models:functional_mlp",
+        "layouts.rules=" + json.dumps(BUILT_RULES),
+    ],
+    "subclassed-adam": optimizer_sets("adam")
+    + [
+        "model.layers=null",
+        "model.build=custom_models:subclassed_mlp",
+        "layouts.rules=" + json.dumps(BUILT_RULES),
+    ],
+}
 
 
 def train_20_steps(mesh: str, out: str) -> dict:
@@ -20,16 +65,13 @@ def train_20_steps(mesh: str, out: str) -> dict:
 
         losses = {{}}
         arrays = {{}}
-        for api, opt in {COMBOS!r}:
-            sets = ["optimizer.name=" + opt, "optimizer.learning_rate=0.01",
-                    "optimizer.momentum=" + ("0.9" if opt == "sgd" else "0.0")]
-            if api == "core":
-                sets += ["model.api=core", "model.layers=null", "model.hidden=[128]"]
+        sharded = {{}}
+        for case, sets in {CASES!r}.items():
             s = T.prepare(R.load("recipes/quickstart.yaml", sets, mesh="{mesh}"))
-            losses[api + "-" + opt] = T.run_steps(s, 20)
+            losses[case] = T.run_steps(s, 20)
             for path, value in models.host_weights(s.model, s.mesh).items():
-                arrays[api + "-" + opt + "-" + path] = value
-            sharded = [p.weight.path for p in s.plans if set(p.spec) != {{"unsharded"}}]
+                arrays[case + "/" + path] = value
+            sharded[case] = [p.weight.path for p in s.plans if set(p.spec) != {{"unsharded"}}]
         np.savez("{out}", **arrays)
         print(json.dumps({{"losses": losses, "axes": s.axes, "sharded": sharded}}))
         """
@@ -51,24 +93,28 @@ def test_meshes_are_what_they_say(runs):
     assert runs["batch=1"][0]["axes"] == {"batch": 1, "model": 1}
     assert runs["batch=8"][0]["axes"] == {"batch": 8, "model": 1}
     assert runs["batch=4,model=2"][0]["axes"] == {"batch": 4, "model": 2}
-    assert "dense_0.kernel" in runs["batch=4,model=2"][0]["sharded"]
+    assert runs["model=8"][0]["axes"] == {"model": 8, "batch": 1}
+    sharded = runs["model=8"][0]["sharded"]
+    assert "dense_0.kernel" in sharded["keras-adam"] and "dense_0.kernel" in sharded["cnn-adam"]
+    assert "conv2d_0.kernel" not in sharded["cnn-adam"]
+    assert sharded["functional-adam"] == ["up.kernel", "down.kernel"]
+    assert sorted(sharded["subclassed-adam"]) == ["down.kernel", "up.kernel"]
 
 
 @pytest.mark.parametrize("mesh", MESHES[1:])
-@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(c))
-def test_same_weights_and_losses_as_one_device(runs, mesh, combo):
-    key = "-".join(combo)
+@pytest.mark.parametrize("case", CASES)
+def test_same_weights_and_losses_as_one_device(runs, mesh, case):
     base_meta, base = runs["batch=1"]
     meta, other = runs[mesh]
-    names = [k for k in base if k.startswith(key + "-")]
-    assert len(names) == 4
+    names = [k for k in base if k.startswith(case + "/")]
+    assert len(names) >= 4
     worst = max(
         float(np.max(np.abs(other[k] - base[k])) / max(np.max(np.abs(base[k])), 1e-12))
         for k in names
     )
-    print(f"{key} on {mesh}: max relative weight difference {worst:.2e}")
+    print(f"{case} on {mesh}: max relative weight difference {worst:.2e}")
     assert worst <= 1e-5
     # and training really moved the weights (a frozen step would also be "mesh invariant")
-    losses = base_meta["losses"][key]
+    losses = base_meta["losses"][case]
     assert losses[-1] < losses[0]
-    np.testing.assert_allclose(meta["losses"][key], losses, rtol=1e-5)
+    np.testing.assert_allclose(meta["losses"][case], losses, rtol=1e-5)

@@ -1,0 +1,261 @@
+"""`dtcli doctor`: check the installation a user is about to trust.
+
+Versions, devices and the environment flags dtcli relies on, then two numerical probes that run
+the same few steps on a 1-device mesh and on a multi-device mesh in one process and compare the
+weights: DTensor's known failure modes (DTENSOR_NOTES: the all-reduce combining pass, optimizers
+without `mesh=`, packing on 2-D meshes) raise no error; they only give other numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from dtcli import devices as devices_lib
+
+# Largest relative weight difference between the 1-device and the multi-device run that passes.
+TOLERANCE = 1e-5
+PROBE_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    warn: bool = False  # not a failure, but worth reading
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok and not self.warn else ("warn" if self.ok else "FAIL")
+
+
+def _versions() -> Check:
+    import tensorflow as tf
+    import tf_keras
+
+    tf_minor = ".".join(tf.__version__.split(".")[:2])
+    keras_minor = ".".join(tf_keras.__version__.split(".")[:2])
+    detail = f"tensorflow {tf.__version__}, tf-keras {tf_keras.__version__}"
+    if tf_minor != keras_minor:
+        return Check("versions", False, detail + ": minor versions differ; pin both to one minor")
+    return Check("versions", True, detail)
+
+
+def _env_flags() -> list[Check]:
+    combine = os.environ.get("DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION")
+    expansion = os.environ.get("DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION")
+    checks = [
+        Check(
+            "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION",
+            combine == "0",
+            "0 (all-reduce combining off)"
+            if combine == "0"
+            else f"{combine!r}: DTensor's all-reduce combining pass gives silently wrong weights "
+            "on multi-device meshes; unset it (dtcli sets 0) or set it to 0",
+        ),
+        Check(
+            "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION",
+            expansion != "1",
+            "not set" if expansion is None else repr(expansion),
+        )
+        if expansion != "1"
+        else Check(
+            "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION",
+            False,
+            "'1': gives wrong numbers even on one device; unset it",
+        ),
+    ]
+    nccl = os.environ.get("DTENSOR_GPU_USE_NCCL_COMMUNICATION")
+    checks.append(
+        Check(
+            "DTENSOR_GPU_USE_NCCL_COMMUNICATION",
+            True,
+            f"{nccl!r} (GPU collectives: 1 uses NCCL, needs one logical device per GPU)"
+            if nccl
+            else "not set (GPU collectives without NCCL; set 1 on GPU hosts)",
+        )
+    )
+    return checks
+
+
+def _devices(spec: str) -> tuple[Check, devices_lib.Devices]:
+    import tensorflow as tf
+
+    devices = devices_lib.configure(spec, None, "--devices")
+    physical = {kind: len(tf.config.list_physical_devices(kind)) for kind in ("CPU", "GPU", "TPU")}
+    seen = ", ".join(f"{n} {k}" for k, n in physical.items() if n)
+    detail = f"physical: {seen}; dtcli uses {devices.text}"
+    if devices.count < 2:
+        detail += " (one device: no multi-device probe)"
+    return Check("devices", True, detail, warn=devices.count < 2), devices
+
+
+def _max_rel(a: dict, b: dict) -> float:
+    import numpy as np
+
+    return max(
+        float(np.max(np.abs(a[k] - b[k])) / max(float(np.max(np.abs(b[k]))), 1e-12)) for k in b
+    )
+
+
+def _runtime_probe(devices: devices_lib.Devices) -> Check:
+    """A plain DTensor step that writes variables and reads them back, fused in one function:
+    the pattern the all-reduce combining pass breaks (independent of dtcli's own step)."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    from dtcli.mesh import build_mesh
+
+    def run(count: int) -> dict:
+        mesh = build_mesh({"batch": count}, devices.device_type, count)
+        rep = lambda rank: dtensor.Layout.replicated(mesh, rank)  # noqa: E731
+        init = np.random.default_rng(1)
+        shapes = [(32, 16), (16,), (16, 4), (4,)]
+        weights = [
+            dtensor.DVariable(
+                dtensor.copy_to_mesh(
+                    tf.constant(0.3 * init.standard_normal(s), tf.float32), rep(len(s))
+                )
+            )
+            for s in shapes
+        ]
+        moments = [
+            dtensor.DVariable(dtensor.call_with_layout(tf.zeros, rep(len(s)), shape=s))
+            for s in shapes
+        ]
+        x_layout = dtensor.Layout(["batch", dtensor.UNSHARDED], mesh)
+
+        @tf.function
+        def step(x: Any) -> Any:
+            with tf.GradientTape() as tape:
+                h = tf.nn.relu(tf.matmul(x, weights[0]) + weights[1])
+                loss = tf.reduce_mean(tf.square(tf.matmul(h, weights[2]) + weights[3] - 1.0))
+            for g, w, m in zip(tape.gradient(loss, weights), weights, moments):
+                m.assign(0.9 * m + g)
+                w.assign_sub(0.1 * m)
+            return loss
+
+        data = np.random.default_rng(0)
+        for _ in range(PROBE_STEPS * 4):
+            parts = np.split(data.standard_normal((64, 32)).astype(np.float32), count)
+            locations = mesh.local_device_locations()
+            step(dtensor.pack([parts[loc["batch"]] for loc in locations], x_layout))
+        return {
+            i: dtensor.unpack(dtensor.relayout(w.read_value(), rep(len(w.shape))))[0].numpy()
+            for i, w in enumerate(weights)
+        }
+
+    diff = _max_rel(run(devices.count), run(1))
+    return Check(
+        "probe: DTensor runtime (fused step)",
+        diff <= TOLERANCE,
+        f"1 vs {devices.count} devices, {PROBE_STEPS * 4} steps: max relative weight "
+        f"difference {diff:.1e} (limit {TOLERANCE:.0e})",
+    )
+
+
+def _probe_recipe(api: str, optimizer: str, devices: devices_lib.Devices) -> Any:
+    from dtcli import recipe as recipe_lib
+
+    model = (
+        {"api": "keras", "layers": [{"Dense": {"units": 32, "activation": "relu"}}, "Dense"]}
+        if api == "keras"
+        else {"api": "core", "hidden": [32]}
+    )
+    if api == "keras":
+        model["layers"][1] = {"Dense": {"units": 10}}
+    return recipe_lib.from_mapping(
+        {
+            "name": "doctor",
+            "devices": devices.text,
+            "mesh": {"batch": -1, "model": 1},
+            "layouts": {
+                "rules": {
+                    r"dense_0\.kernel": ["unsharded", "model"],
+                    r"dense_0\.bias": ["model"],
+                    r"dense_1\.kernel": ["model", "unsharded"],
+                }
+            },
+            "model": model,
+            "data": {
+                "source": "synthetic",
+                "shape": [16],
+                "classes": 10,
+                "count": 256,
+                "eval_count": 32,
+                "batch_size": 32,
+            },
+            "optimizer": {"name": optimizer, "learning_rate": 0.01, "momentum": 0.9},
+        }
+    )
+
+
+def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
+    """dtcli's own train step, per API and optimizer: 1 device against the 2-D mesh."""
+    from dtcli import models
+    from dtcli import recipe as recipe_lib
+    from dtcli import train as train_lib
+
+    count = devices.count
+    model_axis = 2 if count % 2 == 0 else 1
+    multi = {"batch": count // model_axis, "model": model_axis}
+    checks = []
+    for api in ("keras", "core"):
+        for optimizer in ("sgd", "adam", "adamw"):
+            recipe = _probe_recipe(api, optimizer, devices)
+            results = {}
+            for axes, use in (({"batch": 1, "model": 1}, 1), (multi, count)):
+                session = train_lib.prepare(recipe_lib.replace(recipe, mesh=axes), use_devices=use)
+                start = models.host_weights(session.model, session.mesh)
+                train_lib.run_steps(session, PROBE_STEPS)
+                results[use] = (models.host_weights(session.model, session.mesh), start)
+            diff = _max_rel(results[count][0], results[1][0])
+            # A step that changed nothing would be "mesh invariant" too.
+            moved = _max_rel(results[1][0], results[1][1]) > 100 * TOLERANCE
+            mesh = ",".join(f"{a}={s}" for a, s in multi.items())
+            checks.append(
+                Check(
+                    f"probe: dtcli {api} + {optimizer}",
+                    diff <= TOLERANCE and moved,
+                    f"1 device vs {mesh}, {PROBE_STEPS} steps: max relative weight difference "
+                    f"{diff:.1e} (limit {TOLERANCE:.0e})"
+                    + ("" if moved else "; but the weights did not move"),
+                )
+            )
+    return checks
+
+
+def default_devices() -> str:
+    """GPUs when there are any, else 8 virtual CPUs (enough for a 2-D probe mesh)."""
+    tf = devices_lib.import_tensorflow()
+    with devices_lib.quiet_native_logs():  # "no CUDA driver" is not news on a CPU machine
+        return "gpu" if tf.config.list_physical_devices("GPU") else "cpu:8"
+
+
+def run(spec: str | None = None, probe: bool = True) -> list[Check]:
+    """Every check, in order; the probes only when there are several devices."""
+    devices_lib.import_tensorflow()
+    checks = [_versions(), *_env_flags()]
+    device_check, devices = _devices(spec or default_devices())
+    checks.append(device_check)
+    if probe and devices.count > 1:
+        checks.append(_runtime_probe(devices))
+        checks += _dtcli_probe(devices)
+    return checks
+
+
+def render(checks: list[Check], console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="dtcli doctor", title_justify="left")
+    table.add_column("check", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    colors = {"ok": "green", "warn": "yellow", "FAIL": "bold red"}
+    for c in checks:
+        table.add_row(c.name, f"[{colors[c.status]}]{c.status}[/]", escape(c.detail))
+    console.print(table)

@@ -1,0 +1,207 @@
+"""`dtcli plan`: where every weight of a recipe lives on its mesh, and what each device holds.
+
+Built from shapes alone: the data set is described (headers, static info), never loaded, and no
+variable is placed on a device. The same `weight_plans` is what `train` builds its layouts from,
+so the table is the layout training will use, checked by the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dtcli import layout as layout_lib
+from dtcli import mesh as mesh_lib
+from dtcli.recipe import UNSHARDED, OptimizerConfig, Recipe
+
+FLOAT32 = 4  # bytes: dtcli trains in float32
+
+
+def weight_plans(
+    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
+) -> tuple[list[layout_lib.WeightPlan], dict]:
+    """Weights of the model and where each lives; Keras initial values come with them."""
+    from dtcli import models
+
+    if recipe.model.api == "keras":
+        weights, initial = models.describe_keras(
+            recipe.model, input_shape, num_classes, recipe.seed
+        )
+    else:
+        weights, initial = models.describe_core(recipe.model, input_shape, num_classes), {}
+    return layout_lib.plan_weights(recipe.layouts.rules, weights, axes), initial
+
+
+def slots_per_weight(cfg: OptimizerConfig) -> int:
+    """Optimizer state per trainable weight, in copies of the weight (same layout as it)."""
+    if cfg.name == "sgd":
+        return 1 if cfg.momentum else 0
+    return 2  # adam, adamw: first and second moments
+
+
+@dataclass(frozen=True)
+class Report:
+    name: str
+    axes: dict[str, int]
+    devices: str
+    data_axis: str
+    plans: list[layout_lib.WeightPlan]
+    unused_rules: list[str]
+    slots: int  # optimizer slots per trainable weight
+    batch_size: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Bytes on one device, sharded as planned and fully replicated."""
+
+        def total(replicated: bool, trainable_only: bool) -> int:
+            return sum(
+                (math.prod(p.weight.shape) * FLOAT32)
+                if replicated
+                else p.bytes_per_device(self.axes, FLOAT32)
+                for p in self.plans
+                if p.weight.trainable or not trainable_only
+            )
+
+        params = {"per_device": total(False, False), "replicated": total(True, False)}
+        slots = {
+            "per_device": total(False, True) * self.slots,
+            "replicated": total(True, True) * self.slots,
+        }
+        both = {k: params[k] + slots[k] for k in params}
+        return {"parameters": params, "optimizer_slots": slots, "total": both}
+
+    def batch(self) -> dict[str, Any]:
+        shards = mesh_lib.data_shards(self.axes, self.data_axis)
+        per_device = self.batch_size // shards
+        inputs = (per_device, *self.input_shape)
+        return {
+            "global_shape": [self.batch_size, *self.input_shape],
+            "per_device_shape": list(inputs),
+            "input_bytes_per_device": math.prod(inputs) * FLOAT32,
+            "logits_per_device_shape": [per_device, self.num_classes],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.name,
+            "mesh": dict(self.axes),
+            "devices": self.devices,
+            "data_axis": self.data_axis,
+            "weights": [
+                {
+                    "path": p.weight.path,
+                    "layer": p.weight.layer,
+                    "rule": p.rule,
+                    "shape": list(p.weight.shape),
+                    "sharding": list(p.spec),
+                    "shard_shape": list(p.shard_shape(self.axes)),
+                    "bytes_per_device": p.bytes_per_device(self.axes, FLOAT32),
+                    "trainable": p.weight.trainable,
+                }
+                for p in self.plans
+            ],
+            "unused_rules": self.unused_rules,
+            "optimizer_slots_per_weight": self.slots,
+            "totals_bytes": self.totals(),
+            "batch": self.batch(),
+        }
+
+
+def make_report(recipe: Recipe) -> Report:
+    """Resolve the mesh against the devices and plan every weight (errors as `train` gives)."""
+    from dtcli import data as data_lib
+    from dtcli import devices as devices_lib
+
+    devices = devices_lib.configure(recipe.devices, mesh_lib.device_count_for(recipe.mesh))
+    axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
+    data_axis = recipe.layouts.data_axis
+    mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
+    input_shape, num_classes = data_lib.describe(recipe.data)
+    plans, _ = weight_plans(recipe, input_shape, num_classes, axes)
+    return Report(
+        recipe.name,
+        axes,
+        devices.text,
+        data_axis,
+        plans,
+        layout_lib.unused_rules(recipe.layouts.rules, plans),
+        slots_per_weight(recipe.optimizer),
+        recipe.data.batch_size,
+        input_shape,
+        num_classes,
+    )
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)  # unreachable
+
+
+def render(report: Report, console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    axes = report.axes
+    table = Table(
+        title=f"{report.name}: mesh {mesh_lib.mesh_text(axes)} over {report.devices}",
+        title_justify="left",
+        caption="sharding: per dim, the mesh axis it is split along ('-': unsharded); "
+        "shard and bytes: on each device",
+        caption_justify="left",
+    )
+    # Paths and regexes fold, never get cut (they are what a user greps the recipe for); the
+    # short columns never wrap, so a narrow terminal gives its room to the long ones.
+    table.add_column("weight", overflow="fold")
+    table.add_column("rule", overflow="fold")
+    for col in ("shape", "sharding", "shard", "bytes"):
+        table.add_column(col, justify="left" if col == "sharding" else "right", no_wrap=True)
+    for p in report.plans:
+        sharded = any(s != UNSHARDED for s in p.spec)
+        table.add_row(
+            p.weight.path,
+            escape(p.rule) if p.rule is not None else "[dim]replicated: no rule[/]",
+            _shape(p.weight.shape),
+            ("[bold]" if sharded else "[dim]")
+            + "("
+            + ", ".join("-" if a == UNSHARDED else a for a in p.spec)
+            + ")[/]",
+            _shape(p.shard_shape(axes)),
+            f"{p.bytes_per_device(axes, FLOAT32):,}",
+        )
+    console.print(table)
+
+    totals = report.totals()
+    summary = Table(title="memory per device (float32)", title_justify="left")
+    for col in ("", "planned", "fully replicated", "planned / replicated"):
+        summary.add_column(col, justify="right" if col else "left")
+    labels = {
+        "parameters": "parameters",
+        "optimizer_slots": f"optimizer slots ({report.slots} per weight)",
+        "total": "total",
+    }
+    for key, label in labels.items():
+        row = totals[key]
+        ratio = row["per_device"] / row["replicated"] if row["replicated"] else 1.0
+        summary.add_row(label, _size(row["per_device"]), _size(row["replicated"]), f"{ratio:.3f}")
+    console.print(summary)
+    b = report.batch()
+    console.print(
+        f"batch: global {_shape(b['global_shape'])} sharded along '{report.data_axis}' -> "
+        f"{_shape(b['per_device_shape'])} per device ({_size(b['input_bytes_per_device'])}); "
+        f"logits {_shape(b['logits_per_device_shape'])} per device",
+        highlight=False,
+    )
+    for rule in report.unused_rules:
+        console.print(
+            f"[yellow]warning:[/] rule layouts.rules.{rule} matched no weight", highlight=False
+        )
+
+
+def _shape(shape: Any) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"

@@ -1,0 +1,69 @@
+"""`dtcli doctor` passes on a sound installation and fails, naming the check, when the all-reduce
+combining flag is forced on; `dtcli train` refuses to run with that flag."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import RECIPES, ROOT, env
+
+
+def doctor(extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dtcli.cli", "doctor", "--devices", "cpu:8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**env(), "COLUMNS": "200", **(extra_env or {})},
+    )
+
+
+@pytest.mark.slow
+def test_doctor_passes_here():
+    proc = doctor()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "probe:" in line]
+    assert len(rows) == 7  # the runtime probe + 2 APIs x 3 optimizers
+    assert all(" ok " in row for row in rows), proc.stdout
+    assert "FAIL" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_doctor_fails_when_all_reduce_combining_is_forced_on():
+    proc = doctor({"DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION": "1"})
+    assert proc.returncode == 1
+    failed = proc.stderr.strip().splitlines()[-1]
+    assert failed.startswith("doctor: ")
+    assert "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION" in failed
+    # Not only the flag check: the numerical probes see the wrong numbers themselves.
+    assert "probe: DTensor runtime (fused step)" in failed
+    assert "probe: dtcli keras + adam" in failed
+
+
+def test_train_refuses_the_flag_that_gives_wrong_weights(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dtcli.cli",
+            "train",
+            str(RECIPES / "quickstart.yaml"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**env(), "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION": "1"},
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: environment DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION=1"
+    )
+    assert not out.exists()

@@ -1,0 +1,130 @@
+"""`dtcli plan`: the per-weight table and per-device bytes, checked by arithmetic and against the
+live sharded variables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import RECIPES, dtcli, run_python
+
+from dtcli.layout import WeightInfo, plan_weights
+from dtcli.plan import Report
+
+TP = str(RECIPES / "mnist_mlp_tensor_parallel.yaml")
+
+
+def mlp_report(axes: dict[str, int], slots: int = 2) -> Report:
+    weights = [
+        WeightInfo("dense_0.kernel", (784, 128), "Dense"),
+        WeightInfo("dense_0.bias", (128,), "Dense"),
+        WeightInfo("dense_1.kernel", (128, 10), "Dense"),
+        WeightInfo("dense_1.bias", (10,), "Dense"),
+    ]
+    rules = {
+        r"dense_0\.kernel": ["unsharded", "model"],
+        r"dense_0\.bias": ["model"],
+        r"dense_1\.kernel": ["model", "unsharded"],
+        r"nothing\.here": ["model"],
+    }
+    plans = plan_weights(rules, weights, axes)
+    return Report("mlp", axes, "cpu:8", "batch", plans, [r"nothing\.here"], slots, 128, (784,), 10)
+
+
+def test_per_device_bytes_are_the_shard_arithmetic():
+    report = mlp_report({"batch": 1, "model": 8})
+    rows = {w["path"]: w for w in report.to_json()["weights"]}
+    assert rows["dense_0.kernel"]["shard_shape"] == [784, 16]
+    assert rows["dense_0.kernel"]["bytes_per_device"] == 784 * 16 * 4
+    assert rows["dense_1.kernel"]["shard_shape"] == [16, 10]
+    assert rows["dense_1.bias"]["rule"] is None and rows["dense_1.bias"]["shard_shape"] == [10]
+    totals = report.totals()
+    replicated = (784 * 128 + 128 + 128 * 10 + 10) * 4
+    per_device = (784 * 16 + 16 + 16 * 10 + 10) * 4
+    assert totals["parameters"] == {"per_device": per_device, "replicated": replicated}
+    assert totals["optimizer_slots"] == {"per_device": 2 * per_device, "replicated": 2 * replicated}
+    assert totals["total"]["per_device"] == 3 * per_device
+
+
+def test_batch_shard_per_device():
+    batch = mlp_report({"batch": 4, "model": 2}).batch()
+    assert batch["global_shape"] == [128, 784]
+    assert batch["per_device_shape"] == [32, 784]
+    assert batch["input_bytes_per_device"] == 32 * 784 * 4
+    assert batch["logits_per_device_shape"] == [32, 10]
+
+
+def test_plan_json_for_the_tensor_parallel_recipe_is_about_one_eighth():
+    proc = dtcli("plan", TP, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    params = report["totals_bytes"]["parameters"]
+    assert report["mesh"] == {"batch": 1, "model": 8}
+    assert params["per_device"] / params["replicated"] == pytest.approx(1 / 8, abs=0.002)
+    assert report["unused_rules"] == []
+    assert {w["path"]: w["rule"] for w in report["weights"]}["dense_1.bias"] is None
+
+
+def test_plan_rejects_a_sharded_convolution_kernel_before_any_work(tmp_path):
+    proc = dtcli(
+        "plan",
+        RECIPES / "mnist_cnn_2d.yaml",
+        "--set",
+        r"layouts.rules={conv2d_0\.kernel: [unsharded, unsharded, unsharded, model]}",
+    )
+    assert proc.returncode == 2
+    assert "shards convolution kernel 'conv2d_0.kernel'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_plan_of_every_shipped_recipe_matches_the_live_shards():
+    """For each recipe: the table renders, and the bytes it reports per weight, parameters and
+    optimizer slots equal the sizes of the live shards on device 0 (`dtensor.unpack`)."""
+    result = run_python(
+        f"""
+        import io, json
+        from pathlib import Path
+        from rich.console import Console
+        from tensorflow.experimental import dtensor
+        from dtcli import plan as P, recipe as R, train as T
+
+        out = {{}}
+        for path in sorted(Path("{RECIPES}").glob("*.yaml")):
+            raw = R.read_raw(path)
+            # Same shapes, no download: TFDS/IDX MNIST is 28x28 grey, 10 classes.
+            if raw["data"]["source"] in ("tfds", "idx"):
+                raw["data"].update(source="synthetic", shape=[28, 28], classes=10, count=256,
+                                   eval_count=64)
+            recipe = R.from_mapping(raw)
+            report = P.make_report(recipe)
+            text = io.StringIO()
+            P.render(report, Console(file=text, width=200))
+            s = T.prepare(recipe)
+            live = {{p: int(dtensor.unpack(v.read_value())[0].numpy().nbytes)
+                    for p, v in s.model.variables.items()}}
+            opt = s.optimizer.trackable
+            slot_vars = (list(opt.slots.values()) if hasattr(opt, "slots") else
+                         [v for v in opt.variables if "iteration" not in v.name])
+            slot_bytes = sum(int(dtensor.unpack(v.read_value())[0].numpy().nbytes)
+                             for v in slot_vars)
+            out[path.stem] = {{
+                "planned": {{w["path"]: w["bytes_per_device"]
+                            for w in report.to_json()["weights"]}},
+                "live": live,
+                "totals": report.totals(),
+                "slot_bytes": slot_bytes,
+                "table_has_every_weight": all(p in text.getvalue() for p in live),
+            }}
+        print(json.dumps(out))
+        """
+    )
+    assert {"quickstart", "mnist_mlp_tensor_parallel", "mnist_mlp_2d", "mnist_cnn_2d"} <= set(
+        result
+    )
+    for name, r in result.items():
+        assert r["table_has_every_weight"], name
+        assert r["planned"] == r["live"], name
+        assert r["totals"]["parameters"]["per_device"] == sum(r["live"].values()), name
+        assert r["totals"]["optimizer_slots"]["per_device"] == r["slot_bytes"], name
+    tp = result["mnist_mlp_tensor_parallel"]["totals"]["parameters"]
+    assert tp["per_device"] / tp["replicated"] == pytest.approx(1 / 8, abs=0.002)
