@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from conftest import run_python
 
 
@@ -55,3 +56,36 @@ def test_weight_shards_and_packed_batches_on_a_2d_mesh():
         assert all(v["devices"] == 8 for v in w.values())
     assert out["pack_ok"] == [True] * 8
     assert out["labels_layout"] == ["batch"]
+
+
+def test_any_axis_names_and_data_axis_give_the_same_training():
+    """Axes called data x tensor (data_axis: data) shard as batch x model do, to the same numbers."""
+    out = run_python(
+        """
+        import json
+        import numpy as np
+        from tensorflow.experimental import dtensor
+        from dtcli import models, recipe as R, train as T
+
+        weights, layouts = {}, {}
+        for data_axis, model_axis in (("batch", "model"), ("data", "tensor")):
+            raw = R.read_raw("recipes/quickstart.yaml")
+            raw["mesh"] = {data_axis: 4, model_axis: 2}
+            raw["layouts"] = {"data_axis": data_axis, "rules": {
+                k: [model_axis if d == "model" else d for d in v]
+                for k, v in raw["layouts"]["rules"].items()}}
+            s = T.prepare(R.from_mapping(raw))
+            T.run_steps(s, 5)
+            weights[data_axis] = {k: v.tolist() for k, v in models.host_weights(s.model, s.mesh).items()}
+            var = s.model.variables["dense_0.kernel"]
+            layouts[data_axis] = [list(var.layout.sharding_specs),
+                                  sorted({tuple(c.shape) for c in dtensor.unpack(var.read_value())})]
+            x = s.packer.pack(np.zeros((64, 64), np.float32))
+            layouts[data_axis].append(list(dtensor.fetch_layout(x).sharding_specs))
+        print(json.dumps({"weights": weights, "layouts": layouts}))
+        """
+    )
+    assert out["layouts"]["data"] == [["unsharded", "tensor"], [[64, 64]], ["data", "unsharded"]]
+    assert out["layouts"]["batch"] == [["unsharded", "model"], [[64, 64]], ["batch", "unsharded"]]
+    for path, value in out["weights"]["batch"].items():
+        np.testing.assert_allclose(out["weights"]["data"][path], value, rtol=1e-6, atol=1e-7)

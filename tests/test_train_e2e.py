@@ -289,3 +289,35 @@ def test_tfds_source_with_mock_data(tmp_path):
         print(json.dumps(result.history[-1]))
     """)
     assert result["train_examples"] == 64 and result["eval_examples"] == 64
+
+
+def test_user_model_code_beside_the_recipe_trains_and_evaluates_from_anywhere(tmp_path):
+    """`model.build` imports from the recipe's folder, recorded in the run, so `dtcli eval` works
+    from another directory; a rule that matches nothing is reported."""
+    out = tmp_path / "run"
+    rules = "{up\\.kernel: [unsharded, model], down\\.kernel: [model, unsharded], nope: [model]}"
+    proc = dtcli(
+        "train",
+        QUICK,
+        "--set",
+        "model.layers=null",
+        "--set",
+        "model.build=custom_models:subclassed_mlp",
+        "--set",
+        f"layouts.rules={rules}",
+        "--epochs",
+        "2",
+        "--out",
+        out,
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: recipe key 'layouts.rules.nope' matched no weight" in proc.stderr
+    assert f"build_path: {RECIPES}" in (out / "recipe.yaml").read_text()
+    result = dtcli("eval", out, "--mesh", "batch=1", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    final = metrics.read(out / "metrics.jsonl")[-1]
+    assert (
+        abs(json.loads(result.stdout.splitlines()[-1])["accuracy"] - final["eval_accuracy"]) <= 1e-6
+    )
