@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+# Per-step training loss every `train.log_every` steps: {"step": N, "loss": x} per line.
+STEPS_FILE = "steps.jsonl"
 
 
 class MetricsWriter:
@@ -37,6 +39,11 @@ class MetricsWriter:
                 if k not in ("epoch", "step") and isinstance(v, (int, float))
             },
         )
+
+    def step_loss(self, step: int, loss: float) -> None:
+        with (self.path.parent / STEPS_FILE).open("a") as f:
+            f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+        self.scalars(step, {"step_loss": loss})
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self._tb is None:

@@ -6,19 +6,33 @@ from pathlib import Path
 from typing import Any
 
 from dtcli.errors import UsageError
-from dtcli.metrics import METRICS_FILE, read
+from dtcli.metrics import METRICS_FILE, STEPS_FILE, read
 
 # metric -> the record keys drawn in its figure (train and eval side by side, as in the seeds).
 FIGURES = {
     "loss": ("train_loss", "eval_loss"),
     "accuracy": ("train_accuracy", "eval_accuracy"),
     "examples_per_sec": ("examples_per_sec",),
+    "step_loss": ("loss",),  # from steps.jsonl, against the step
 }
 TITLES = {
     "loss": "Cross-entropy loss",
     "accuracy": "Accuracy",
     "examples_per_sec": "Training throughput (examples/s)",
+    "step_loss": "Training loss per step",
 }
+
+
+def load_steps(run_dirs: list[Path], names: list[str], warn: Any = None) -> dict[str, list]:
+    """Per-step loss records of the runs that recorded them, under the same run names."""
+    steps = {}
+    for name, run_dir in zip(names, run_dirs):
+        path = Path(run_dir) / STEPS_FILE
+        if path.is_file():
+            records = read(path, warn)
+            if records:
+                steps[name] = records
+    return steps
 
 
 def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str, Any]]]:
@@ -52,7 +66,8 @@ def plot_runs(
     from matplotlib.ticker import MaxNLocator
 
     runs = load_runs(run_dirs, warn)
-    wanted = metrics or ["loss", "accuracy"]
+    steps = load_steps(run_dirs, list(runs), warn)
+    wanted = metrics or ["loss", "accuracy"] + (["step_loss"] if steps else [])
     for metric in wanted:
         if metric not in FIGURES:
             raise UsageError(f"--metric {metric!r}: expected one of {', '.join(FIGURES)}")
@@ -62,10 +77,15 @@ def plot_runs(
     several = len(runs) > 1
     for metric in wanted:
         fig, ax = plt.subplots(figsize=(8, 5))
-        for index, (name, records) in enumerate(runs.items()):
-            color = f"C{index}"
+        x_key = "step" if metric == "step_loss" else "epoch"
+        series = steps if metric == "step_loss" else runs
+        if not series:
+            plt.close(fig)
+            raise UsageError(f"--metric {metric}: no run here recorded it ({STEPS_FILE})")
+        for name, records in series.items():
+            color = f"C{list(runs).index(name)}"
             for key in FIGURES[metric]:
-                points = [(r["epoch"], r[key]) for r in records if key in r]
+                points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
                 if not points:
                     continue
                 xs, ys = zip(*points)
@@ -77,14 +97,14 @@ def plot_runs(
                     ys,
                     style,
                     color=color if several else None,
-                    marker="o",
+                    marker="o" if x_key == "epoch" else None,
                     markersize=3,
                     label=label,
                 )
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        ax.set_xlabel(x_key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole
         ax.set_ylabel(metric.replace("_", " "))
-        title = TITLES[metric] + (" vs training epochs" if metric != "examples_per_sec" else "")
+        title = TITLES[metric] + (" vs training epochs" if metric in ("loss", "accuracy") else "")
         if not several:
             title += f": {next(iter(runs))}"
         ax.set_title(title)

@@ -272,6 +272,7 @@ def train(
         start = EpochState(**meta["epoch_state"])
         metrics_path = run_dir / metrics_lib.METRICS_FILE
         metrics_lib.truncate_after(metrics_path, meta["step"])
+        metrics_lib.truncate_after(run_dir / metrics_lib.STEPS_FILE, meta["step"])
         history = metrics_lib.read(metrics_path) if metrics_path.exists() else []
         console.print(
             f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
@@ -395,7 +396,7 @@ def run_epoch(
         state.count += n
         state.seconds = time.perf_counter() - started
         if writer is not None and state.batch % log_every == 0:
-            writer.scalars(int(session.optimizer.iterations.numpy()), {"step_loss": loss})
+            writer.step_loss(int(session.optimizer.iterations.numpy()), loss)
         if bar is not None:
             bar.update(
                 state.batch,

@@ -58,7 +58,13 @@ def test_run_directory_holds_everything(run4):
     assert [p.name for p in ckpt_lib.complete(run4)] == ["ckpt-00000069", "ckpt-00000092"]  # keep 2
     meta = ckpt_lib.read_meta(run4 / "checkpoints" / "ckpt-00000092")
     assert meta["mesh"] == {"batch": 4, "model": 2} and meta["versions"]["tensorflow"]
-    assert sorted(p.name for p in (run4 / "plots").iterdir()) == ["accuracy.png", "loss.png"]
+    assert sorted(p.name for p in (run4 / "plots").iterdir()) == [
+        "accuracy.png",
+        "loss.png",
+        "step_loss.png",
+    ]
+    steps = metrics.read(run4 / "steps.jsonl")
+    assert [r["step"] for r in steps] == list(range(10, 4 * 23 + 1, 10))  # log_every 10
     assert any(p.name.startswith("events.out.tfevents") for p in (run4 / "tensorboard").iterdir())
 
 
@@ -272,7 +278,7 @@ def test_plot_overlays_two_runs(run4, tmp_path):
     proc = dtcli("plot", run4, other, "--out", tmp_path / "plots")
     assert proc.returncode == 0, proc.stderr
     written = proc.stdout.split()
-    assert [os.path.basename(p) for p in written] == ["loss.png", "accuracy.png"]
+    assert [os.path.basename(p) for p in written] == ["loss.png", "accuracy.png", "step_loss.png"]
     assert all(os.path.getsize(p) > 10_000 for p in written)
 
 
