@@ -395,8 +395,9 @@ def run_epoch(
         state.correct += float(out["correct"])
         state.count += n
         state.seconds = time.perf_counter() - started
-        if writer is not None and state.batch % log_every == 0:
-            writer.step_loss(int(session.optimizer.iterations.numpy()), loss)
+        step = state.epoch * steps + state.batch  # the optimizer's step, without a device read
+        if writer is not None and step % log_every == 0:
+            writer.step_loss(step, loss)
         if bar is not None:
             bar.update(
                 state.batch,
