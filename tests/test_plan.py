@@ -128,3 +128,26 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
         assert r["totals"]["optimizer_slots"]["per_device"] == r["slot_bytes"], name
     tp = result["mnist_mlp_tensor_parallel"]["totals"]["parameters"]
     assert tp["per_device"] / tp["replicated"] == pytest.approx(1 / 8, abs=0.002)
+
+
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        (
+            ["model.layers=[{Dense: {units: 127, activation: relu}}, {Dense: {units: 10}}]"],
+            "has size 127, which does not divide by mesh axis 'model' of size 2",
+        ),
+        (
+            [r"layouts.rules={dense_1\.bias: [model, unsharded]}"],
+            "gives 2 dims but weight 'dense_1.bias' has rank 1",
+        ),
+        (["data.batch_size=30"], "30 does not divide by the data axis 'batch' of size 4"),
+    ],
+    ids=["not divisible", "rank", "batch"],
+)
+def test_plan_fails_as_train_does(sets, expected):
+    args = [a for s in sets for a in ("--set", s)]
+    proc = dtcli("plan", RECIPES / "quickstart.yaml", *args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
