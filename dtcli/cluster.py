@@ -16,6 +16,7 @@ no peer's preflight ever lands on a gRPC server. This module never imports Tenso
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -44,6 +45,8 @@ class Cluster:
     job_name: str = DEFAULT_JOB_NAME
     # Agreed in the preflight: what client 0 decided for everyone (run directory, save tag).
     leader: dict[str, Any] = field(default_factory=dict)
+    # Where the jobs list came from, for error messages: "--jobs" or "DTENSOR_JOBS".
+    where: str = "--jobs"
 
     @property
     def num_clients(self) -> int:
@@ -106,7 +109,7 @@ def from_args(
     job_name = env.get(ENV_JOB_NAME) or DEFAULT_JOB_NAME
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", job_name):
         raise UsageError(f"{ENV_JOB_NAME}: not a usable job name, got {job_name!r}")
-    return Cluster(client_id, entries, job_name)
+    return Cluster(client_id, entries, job_name, where=jobs_where)
 
 
 def export_env(cluster: Cluster) -> None:
@@ -164,7 +167,7 @@ def preflight(
         "hash": recipe_hash,
         "leader": leader if cluster.is_chief else None,
     }
-    host, port = _split_address(cluster.address, "--jobs")
+    host, port = _split_address(cluster.address, cluster.where)
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     # SO_REUSEADDR lets the port be bound while sockets of an earlier run sit in TIME_WAIT; it
     # does not allow binding a port another process listens on (TensorFlow's gRPC server does
@@ -175,8 +178,8 @@ def preflight(
     except OSError as exc:
         listener.close()
         raise UsageError(
-            f"--jobs: port {port} of this client ({cluster.address}, client {me}) is in use "
-            f"({exc.strerror}); stop what holds it or choose another port"
+            f"{cluster.where}: port {port} of this client ({cluster.address}, client {me}) is "
+            f"in use ({exc.strerror}); stop what holds it or choose another port"
         ) from None
     listener.listen(max(n, 4))
     listener.settimeout(0.2)
@@ -238,7 +241,7 @@ def preflight(
             threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     def connect(j: int) -> socket.socket | None:
-        peer_host, peer_port = _split_address(cluster.jobs[j], "--jobs")
+        peer_host, peer_port = _split_address(cluster.jobs[j], cluster.where)
         while time.monotonic() < deadline and not errors:
             try:
                 sock = socket.create_connection(
@@ -279,9 +282,9 @@ def preflight(
                 break
             if sock is None:
                 raise UsageError(
-                    f"--jobs: cannot reach client {j} at {cluster.jobs[j]} within {timeout:g} s "
-                    "(--connect-timeout); is it started, with the same --jobs, and is the "
-                    "address reachable from this host?"
+                    f"{cluster.where}: cannot reach client {j} at {cluster.jobs[j]} within "
+                    f"{timeout:g} s (--connect-timeout); is it started, with the same jobs list, "
+                    "and is the address reachable from this host?"
                 )
             outgoing[j] = sock
             sockets.append(sock)
@@ -301,7 +304,7 @@ def preflight(
         agreed = dict(leader or {})
     else:
         agreed = dict(peers[0].info.get("leader") or {})
-    return Cluster(cluster.client_id, cluster.jobs, cluster.job_name, agreed)
+    return dataclasses.replace(cluster, leader=agreed)
 
 
 def _wait(
@@ -316,11 +319,11 @@ def _wait(
     for j, peer in peers.items():
         while not flag(peer).wait(0.05):
             if errors:
-                raise UsageError(f"--jobs: {errors[0]}")
+                raise UsageError(f"{cluster.where}: {errors[0]}")
             if time.monotonic() >= deadline:
                 raise UsageError(
-                    f"--jobs: client {j} at {cluster.jobs[j]} did not {what} this client "
+                    f"{cluster.where}: client {j} at {cluster.jobs[j]} did not {what} this client "
                     f"({cluster.address}) within {timeout:g} s (--connect-timeout)"
                 )
     if errors:
-        raise UsageError(f"--jobs: {errors[0]}")
+        raise UsageError(f"{cluster.where}: {errors[0]}")

@@ -172,10 +172,18 @@ def local_share(total: int, clients: int, where: str) -> int:
     """The devices one client holds of a mesh of `total` devices (every client holds as many)."""
     if total % clients:
         raise UsageError(
-            f"{where}: {clients} clients do not divide the {total} devices (each client must "
-            "hold the same number of devices)"
+            f"--jobs: {clients} clients do not divide the {total} devices of {where} (each "
+            "client must hold the same number of devices)"
         )
     return total // clients
+
+
+def check_clients(spec: str, wanted: int | None, clients: int, key: str) -> None:
+    """Before any client starts: the clients must split the mesh's devices evenly."""
+    parsed = parse(spec, key)
+    total = parsed.count or (wanted if parsed.kind in ("cpu", "auto") else None)
+    if total:
+        local_share(total, clients, f"{key} {spec!r}")
 
 
 def _configure_client(
@@ -204,8 +212,8 @@ def _configure_client(
         )
     except Exception as exc:  # noqa: BLE001 - the runtime raises many types
         raise UsageError(
-            f"--jobs: client {cluster.client_id} could not start DTensor's multi-client runtime "
-            f"on {cluster.address} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            f"{cluster.where}: client {cluster.client_id} could not start DTensor's multi-client "
+            f"runtime on {cluster.address} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
         ) from None
     if kind == "tpu":
         local = dtensor.num_local_devices("TPU")

@@ -127,18 +127,25 @@ def _devices(
                 "(a local launch splits one host's devices)"
             )
         total = spec.count * clients
-        mesh_lib.resolve_axes(recipe.mesh, total)  # the mesh must take exactly these devices
+        try:
+            mesh_lib.resolve_axes(recipe.mesh, total)  # the mesh must take exactly these devices
+        except UsageError:
+            raise UsageError(
+                f"--devices-per-client {per_client}: {clients} clients x {spec.count} = {total} "
+                f"devices, which the mesh {mesh_lib.mesh_text(recipe.mesh)} cannot take"
+            ) from None
         return f"{spec.kind}:{total}", spec.count if spec.kind == "gpu" else None
     spec = devices_lib.parse(recipe.devices)
-    total = spec.count or (
-        mesh_lib.device_count_for(recipe.mesh) if spec.kind in ("cpu", "auto") else None
-    )
-    if total is not None and total % clients:
-        raise UsageError(
-            f"--clients {clients}: {clients} clients do not divide the {total} devices of the "
-            f"mesh {mesh_lib.mesh_text(recipe.mesh)} (devices {recipe.devices}); "
-            "give --devices-per-client or another --clients"
+    try:
+        devices_lib.check_clients(
+            recipe.devices, mesh_lib.device_count_for(recipe.mesh), clients, "devices"
         )
+    except UsageError:
+        raise UsageError(
+            f"--clients {clients}: {clients} clients do not divide the devices of the mesh "
+            f"{mesh_lib.mesh_text(recipe.mesh)} (devices {recipe.devices}); "
+            "give --devices-per-client or another --clients"
+        ) from None
     if spec.kind == "gpu":
         raise UsageError(
             "--devices-per-client: a local launch on GPUs needs gpu:K, so that each client "
@@ -221,6 +228,10 @@ def _env(p: LaunchPlan, client: int, progress: bool) -> dict[str, str]:
     for key in (cluster_lib.ENV_JOBS, cluster_lib.ENV_CLIENT_ID):
         env.pop(key, None)  # the command line says who each client is
     env["PYTHONUNBUFFERED"] = "1"
+    if env.get("DTCLI_TF_LOGS") != "1":
+        # When a client dies, every other one logs the same gRPC errors natively, several lines
+        # each; the one-line Python error of each client says it all.
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if client == 0 and progress:
         env[train_lib.PROGRESS_EVENTS_ENV] = "1"
     if p.gpus_per_client:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -285,6 +286,12 @@ def train(
                 "(use --resume to continue a run)"
             )
     if cluster is not None:
+        devices_lib.check_clients(
+            recipe.devices,
+            mesh_lib.device_count_for(recipe.mesh),
+            cluster.num_clients,
+            "recipe key 'devices'",
+        )
         # Before TensorFlow's runtime starts: a missing peer would otherwise hang it for good.
         leader = {
             "run_dir": str(run_dir),
@@ -407,7 +414,8 @@ def _peer_failures(cluster: cluster_lib.Cluster | None, checkpointer: Any) -> It
     try:
         yield
     except tf.errors.OpError as exc:
-        first = (exc.message or str(exc)).strip().splitlines()[0][:200]
+        first = (exc.message or str(exc)).strip().splitlines()[0]
+        first = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first)[:200]
         raise TrainingError(
             f"client {cluster.client_id}: lost the other clients ({type(exc).__name__}: "
             f"{first}); the run stopped; last complete checkpoint: "
