@@ -3,7 +3,7 @@
 Each client is a plain `dtcli train --client-id I --jobs ...` in its own process group, so the
 launcher adds nothing a multi-host run lacks: it picks free loopback ports, prefixes each
 client's output with its id, draws client 0's progress bar, and when one client fails it stops
-the others (SIGTERM, then SIGKILL) and names the client. Clients also die with the launcher
+the others (SIGINT, then SIGKILL) and names the client. Clients also die with the launcher
 (PR_SET_PDEATHSIG), so even a killed launcher leaves no orphans on Linux.
 """
 
@@ -30,8 +30,8 @@ from dtcli import recipe as recipe_lib
 from dtcli.errors import TrainingError, UsageError
 
 LOOPBACK = "127.0.0.1"
-# How long stopped clients get to exit on SIGTERM before SIGKILL.
-STOP_GRACE_S = 5.0
+# How long stopped clients get to exit on SIGINT before SIGKILL.
+STOP_GRACE_S = 3.0
 
 
 class ClientFailed(TrainingError):
@@ -354,11 +354,16 @@ def _supervise(
 
 
 def _stop(procs: list[subprocess.Popen], wait: bool = True) -> None:
-    """SIGTERM each client's process group; SIGKILL what is left after the grace period."""
+    """SIGINT each client's process group; SIGKILL what is left after the grace period.
+
+    Not SIGTERM: in multi-client mode TensorFlow's coordination service takes SIGTERM as a
+    preemption notice and the client trains on (seen with TF 2.21). SIGINT raises
+    KeyboardInterrupt, so a client that has written nothing resumable removes its run directory.
+    """
     for proc in procs:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGINT)
     if not wait:
         threading.Thread(target=_reap, args=(procs,), daemon=True).start()
         return
