@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,28 +40,53 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 
 
 class Checkpointer:
-    """Saves and restores the model, optimizer and counters of one run."""
+    """Saves and restores the model, optimizer and counters of one run.
 
-    def __init__(self, run_dir: Path, objects: dict[str, Any], keep: int):
+    In a multi-client run every client calls `save` (TensorFlow's save is collective: each client
+    writes the shards its devices hold into the same folder, which must therefore be on storage
+    all clients share); `barrier` then waits for all of them, and only the chief (client 0)
+    writes meta.json, renames the folder into place and prunes old checkpoints.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        objects: dict[str, Any],
+        keep: int,
+        chief: bool = True,
+        barrier: Callable[[], None] | None = None,
+        tag: str | None = None,
+    ):
         import tensorflow as tf
 
         self.folder = Path(run_dir) / CHECKPOINTS
         self.keep = keep
         self.ckpt = tf.train.Checkpoint(**objects)
+        self.chief = chief
+        self.barrier = barrier
+        # Every client must name the same temporary folder: the pid of one process will not do.
+        self.tag = tag or str(os.getpid())
 
     def clean(self) -> None:
         """Remove what an interrupted save left (never visible as a checkpoint)."""
-        if self.folder.is_dir():
+        if self.chief and self.folder.is_dir():
             for leftover in self.folder.glob(".tmp-ckpt-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
 
     def save(self, step: int, meta: dict[str, Any]) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"ckpt-{step:08d}"
-        tmp = self.folder / f".tmp-ckpt-{step:08d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = self.folder / f".tmp-ckpt-{step:08d}-{self.tag}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.barrier is None:
+            # With several writers none may delete what another has begun to write; their tag
+            # is new for each run, so the folder cannot hold an earlier attempt anyway.
+            shutil.rmtree(tmp, ignore_errors=True)
         self.ckpt.write(str(tmp / "ckpt"))
+        if self.barrier is not None:
+            self.barrier()  # every client's shards are on disk
         _fault_point()
+        if not self.chief:
+            return final
         (tmp / META).write_text(json.dumps(meta, indent=1))
         if final.exists():  # the same step saved again (e.g. interrupted right after a save)
             shutil.rmtree(final)

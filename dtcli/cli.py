@@ -43,6 +43,16 @@ SetOption = typer.Option(
 )
 MeshOption = typer.Option(None, "--mesh", help="Mesh axes, like batch=4,model=2 (one may be -1).")
 DevicesOption = typer.Option(None, "--devices", help="cpu, cpu:N, gpu, gpu:N, tpu or auto.")
+ConnectTimeoutOption = typer.Option(
+    60.0,
+    "--connect-timeout",
+    help="Seconds a client waits for the others to answer before it gives up.",
+)
+
+
+def _check_timeout(seconds: float) -> None:
+    if not seconds > 0:
+        raise UsageError(f"--connect-timeout {seconds:g}: expected a positive number of seconds")
 
 
 @app.command()
@@ -58,9 +68,23 @@ def train(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
+    client_id: int | None = typer.Option(
+        None, "--client-id", help="This client's index in --jobs (multi-client runs)."
+    ),
+    jobs: str | None = typer.Option(
+        None,
+        "--jobs",
+        help="host:port of every client, in client-id order: one DTensor multi-client run "
+        "(default: DTENSOR_JOBS; the client count is the length of the list).",
+    ),
+    connect_timeout: float = ConnectTimeoutOption,
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
+    from dtcli import cluster as cluster_lib
     from dtcli import train as train_lib
+
+    cluster = cluster_lib.from_args(client_id, jobs)
+    _check_timeout(connect_timeout)
 
     if resume is not None:
         if recipe is not None or out is not None:
@@ -78,11 +102,61 @@ def train(
 
         loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices, epochs=epochs)
     try:
-        result = train_lib.train(loaded, out=out, resume=resume, progress=not no_progress)
+        result = train_lib.train(
+            loaded,
+            out=out,
+            resume=resume,
+            progress=not no_progress,
+            cluster=cluster,
+            connect_timeout=connect_timeout,
+        )
     except train_lib.Interrupted as exc:
         print(str(exc), file=sys.stderr)
         raise typer.Exit(130) from None
     print(result.run_dir)
+
+
+@app.command()
+@_handled
+def launch(
+    recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
+    clients: int = typer.Option(..., "--clients", help="How many client processes to start."),
+    devices_per_client: str | None = typer.Option(
+        None,
+        "--devices-per-client",
+        help="Devices of each client, like cpu:4 (default: the recipe's devices split evenly).",
+    ),
+    port: int | None = typer.Option(
+        None, "--port", help="First job port; client i uses PORT+i (default: free ports)."
+    ),
+    sets: list[str] | None = SetOption,
+    mesh: str | None = MeshOption,
+    epochs: int | None = typer.Option(None, "--epochs", help="Override train.epochs."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Continue RUN_DIR from its latest checkpoint."
+    ),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
+    connect_timeout: float = ConnectTimeoutOption,
+) -> None:
+    """Run a recipe as N local DTensor clients on loopback (a multi-client run on one host)."""
+    from dtcli import launch as launch_lib
+
+    _check_timeout(connect_timeout)
+    run_dir = launch_lib.launch(
+        recipe,
+        clients,
+        devices_per_client,
+        sets=sets or [],
+        mesh=mesh,
+        epochs=epochs,
+        out=out,
+        resume=resume,
+        port=port,
+        connect_timeout=connect_timeout,
+        progress=not no_progress,
+    )
+    print(run_dir)
 
 
 @app.command("eval")

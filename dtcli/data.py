@@ -335,15 +335,31 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def batches(split: Split, batch_size: int, order: np.ndarray | None = None) -> Iterator[Batch]:
-    """Fixed-shape batches; the last one padded with zeros and masked out."""
+def batches(
+    split: Split,
+    batch_size: int,
+    order: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+) -> Iterator[Batch]:
+    """Fixed-shape batches; the last one padded with zeros and masked out.
+
+    `rows`: only these positions of each global batch are read (a client of a multi-client run
+    reads the shards its own devices hold, see Packer.rows); None reads the whole batch.
+    """
     idx = np.arange(len(split)) if order is None else order
     for start in range(0, len(idx), batch_size):
         take = idx[start : start + batch_size]
+        if rows is not None:
+            real = rows < len(take)  # rows past the end of the last batch are padding
+            take = take[rows[real]]
+            width = len(rows)
+        else:
+            width = batch_size
         x, y = split.x[take], split.y[take]
-        mask = np.ones(batch_size, np.float32)
-        if len(take) < batch_size:
-            pad = batch_size - len(take)
+        mask = np.ones(width, np.float32)
+        if len(take) < width:
+            # Padding sits at the end of the global batch, hence at the end of any row subset.
+            pad = width - len(take)
             x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
             y = np.concatenate([y, np.zeros(pad, y.dtype)])
             mask[len(take) :] = 0.0
@@ -356,6 +372,9 @@ class Packer:
     Each local device gets the shard of its own coordinate on the data axis, not its position in
     the device list: on a 2-D mesh (batch=4, model=2) the two devices of one batch row share a
     shard. (Splitting by device count silently trains on the wrong rows.)
+
+    In a multi-client run a client's devices hold only some shards of each global batch: the
+    client reads just those rows (`rows`) and packs them; DTensor assembles the global batch.
     """
 
     def __init__(self, mesh: Any, data_axis: str):
@@ -366,7 +385,21 @@ class Packer:
         self.shard_of_device = [
             0 if data_axis == UNSHARDED else loc[data_axis] for loc in locations
         ]
+        # The shards this process holds, in the order its host batches carry them.
+        self.local_shards = sorted(set(self.shard_of_device))
+        self._position = {shard: i for i, shard in enumerate(self.local_shards)}
         self._layouts: dict[int, Any] = {}
+
+    def rows(self, batch_size: int) -> np.ndarray | None:
+        """Positions in a global batch of `batch_size` this process's devices hold (None: all)."""
+        if len(self.local_shards) == self.shards:
+            return None
+        if batch_size % self.shards:
+            raise UsageError(
+                f"a batch of {batch_size} does not divide by the data axis size {self.shards}"
+            )
+        per = batch_size // self.shards
+        return np.concatenate([np.arange(s * per, (s + 1) * per) for s in self.local_shards])
 
     def layout(self, rank: int) -> Any:
         if rank not in self._layouts:
@@ -376,14 +409,19 @@ class Packer:
         return self._layouts[rank]
 
     def pack(self, array: np.ndarray) -> Any:
+        """`array`: the rows `rows()` names, i.e. the local shards back to back (in one
+        process: the whole global batch)."""
         from tensorflow.experimental import dtensor
 
-        if len(array) % self.shards:
+        held = len(self.local_shards)
+        if len(array) % held:
             raise UsageError(
                 f"a batch of {len(array)} does not divide by the data axis size {self.shards}"
             )
-        parts = np.split(array, self.shards)
-        return dtensor.pack([parts[i] for i in self.shard_of_device], self.layout(array.ndim))
+        parts = np.split(array, held)
+        return dtensor.pack(
+            [parts[self._position[s]] for s in self.shard_of_device], self.layout(array.ndim)
+        )
 
     def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
         return self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)

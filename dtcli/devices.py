@@ -9,9 +9,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from dtcli.cluster import Cluster
 
 # Set before TensorFlow is imported anywhere in the process (dtcli/__init__ calls this).
 # The all-reduce combining pass gives silently wrong weights when one tf.function computes
@@ -108,55 +111,129 @@ def parse(spec: str, where: str = "recipe key 'devices'") -> DeviceSpec:
 @dataclass(frozen=True)
 class Devices:
     device_type: str  # "CPU", "GPU" or "TPU", as DTensor names them
-    count: int
+    count: int  # the devices of the whole mesh (all clients together)
+    clients: int = 1  # processes the mesh spans; each holds count // clients devices
+
+    @property
+    def local_count(self) -> int:
+        return self.count // self.clients
 
     @property
     def text(self) -> str:
+        # The global count: the same recipe then means the same mesh in one process or in N.
         return f"{self.device_type.lower()}:{self.count}"
 
 
-def configure(spec: str, wanted: int | None, key: str = "recipe key 'devices'") -> Devices:
+def configure(
+    spec: str,
+    wanted: int | None,
+    key: str = "recipe key 'devices'",
+    cluster: Cluster | None = None,
+) -> Devices:
     """Configure TensorFlow's devices for `spec`; call before any TensorFlow op runs.
 
-    `wanted` is the device count the mesh asks for (None when an axis is -1).
+    `wanted` is the device count the mesh asks for (None when an axis is -1). A count in `spec`
+    is the mesh's device count over all clients: with a `cluster`, this client configures only
+    its own share and starts DTensor's multi-client runtime (gRPC to the other clients).
     """
     parsed = parse(spec, key)
     tf = import_tensorflow()
     with quiet_native_logs():
-        return _configure(tf, parsed, spec, wanted, key)
+        if cluster is None:
+            return _configure(tf, parsed, spec, wanted, key)
+        return _configure_client(tf, parsed, spec, wanted, key, cluster)
 
 
 def _configure(tf: Any, parsed: DeviceSpec, spec: str, wanted: int | None, key: str) -> Devices:
     from tensorflow.experimental import dtensor
 
-    kind = parsed.kind
-    if kind == "auto":
-        kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    kind = _kind(tf, parsed)
     if kind == "cpu":
         count = parsed.count or wanted or 1
         _virtual_cpus(tf, count, f"{key} {spec!r}")
         return Devices("CPU", count)
     if kind == "gpu":
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
-            raise UsageError(f"{key} = {spec!r}: TensorFlow sees no GPU on this machine")
-        count = parsed.count or len(gpus)
-        if count > len(gpus):
-            raise UsageError(
-                f"{key} = {spec!r}: asked for {count} GPUs, TensorFlow sees {len(gpus)}"
-            )
-        try:
-            tf.config.set_visible_devices(gpus[:count], "GPU")
-            for gpu in gpus[:count]:
-                tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:
-            pass  # already initialized in this process with the same GPUs
+        count = _visible_gpus(tf, parsed.count, spec, key)
         return Devices("GPU", count)
     try:
         dtensor.initialize_accelerator_system("TPU")
     except Exception as exc:  # noqa: BLE001 - TPU init raises many types
         raise UsageError(f"{key} = {spec!r}: could not start the TPU system ({exc})") from None
     return Devices("TPU", len(tf.config.list_logical_devices("TPU")))
+
+
+def _kind(tf: Any, parsed: DeviceSpec) -> str:
+    if parsed.kind == "auto":
+        return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    return parsed.kind
+
+
+def _visible_gpus(tf: Any, count: int | None, spec: str, key: str) -> int:
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise UsageError(f"{key} = {spec!r}: TensorFlow sees no GPU on this machine")
+    count = count or len(gpus)
+    if count > len(gpus):
+        raise UsageError(f"{key} = {spec!r}: asked for {count} GPUs, TensorFlow sees {len(gpus)}")
+    try:
+        tf.config.set_visible_devices(gpus[:count], "GPU")
+        for gpu in gpus[:count]:
+            tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:
+        pass  # already initialized in this process with the same GPUs
+    return count
+
+
+def local_share(total: int, clients: int, where: str) -> int:
+    """The devices one client holds of a mesh of `total` devices (every client holds as many)."""
+    if total % clients:
+        raise UsageError(
+            f"--jobs: {clients} clients do not divide the {total} devices of {where} (each "
+            "client must hold the same number of devices)"
+        )
+    return total // clients
+
+
+def check_clients(spec: str, wanted: int | None, clients: int, key: str) -> None:
+    """Before any client starts: the clients must split the mesh's devices evenly."""
+    parsed = parse(spec, key)
+    total = parsed.count or (wanted if parsed.kind in ("cpu", "auto") else None)
+    if total:
+        local_share(total, clients, f"{key} {spec!r}")
+
+
+def _configure_client(
+    tf: Any, parsed: DeviceSpec, spec: str, wanted: int | None, key: str, cluster: Cluster
+) -> Devices:
+    """One client of a multi-client run: its local devices, then DTensor's runtime."""
+    from tensorflow.experimental import dtensor
+
+    from dtcli import cluster as cluster_lib
+
+    n = cluster.num_clients
+    kind = _kind(tf, parsed)
+    local: int | None = None
+    if kind == "cpu":
+        total = parsed.count or wanted
+        local = local_share(total, n, f"{key} {spec!r}") if total else 1
+    elif kind == "gpu":
+        count = parsed.count and local_share(parsed.count, n, f"{key} {spec!r}")
+        local = _visible_gpus(tf, count, spec, key)
+    cluster_lib.export_env(cluster)
+    try:
+        # Starts this client's gRPC server and waits for the others (they passed the preflight,
+        # so they are up); CPU: the virtual devices are this client's share only.
+        dtensor.initialize_accelerator_system(
+            kind.upper(), num_logical_cpu_devices=local if kind == "cpu" else None
+        )
+    except Exception as exc:  # noqa: BLE001 - the runtime raises many types
+        raise UsageError(
+            f"{cluster.where}: client {cluster.client_id} could not start DTensor's multi-client "
+            f"runtime on {cluster.address} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
+    if kind == "tpu":
+        local = dtensor.num_local_devices("TPU")
+    return Devices(kind.upper(), local * n, n)
 
 
 def _virtual_cpus(tf, count: int, where: str) -> None:

@@ -55,12 +55,38 @@ def check_batch(axes: dict[str, int], data_axis: str, batch_size: int, key: str)
         )
 
 
-def build_mesh(axes: dict[str, int], device_type: str, count: int | None = None) -> Any:
-    """A DTensor mesh over the local devices of `device_type` (the first `count` of them, or
-    all), axes in recipe order."""
+def build_mesh(
+    axes: dict[str, int], device_type: str, distributed: bool = False, count: int | None = None
+) -> Any:
+    """A DTensor mesh of `device_type`, axes in recipe order.
+
+    `distributed`: over the global device list of a multi-client run (client i holds the i-th
+    block of devices); each client sees the same mesh and computes on its local devices only.
+    `count`: over only the first `count` local devices (so that one process can compare a
+    1-device mesh with a multi-device one, as `dtcli doctor` does).
+    """
     from tensorflow.experimental import dtensor
 
-    if count is None:
-        return dtensor.create_mesh(list(axes.items()), device_type=device_type)
-    names = [f"{device_type}:{i}" for i in range(count)]
-    return dtensor.create_mesh(list(axes.items()), devices=names, device_type=device_type)
+    if distributed:
+        return dtensor.create_distributed_mesh(list(axes.items()), device_type=device_type)
+    if count is not None:
+        names = [f"{device_type}:{i}" for i in range(count)]
+        return dtensor.create_mesh(list(axes.items()), devices=names, device_type=device_type)
+    return dtensor.create_mesh(list(axes.items()), device_type=device_type)
+
+
+def barrier(mesh: Any) -> None:
+    """Return only once every device of the mesh (every client) has reached this call.
+
+    A sum over a tensor with one element per device, sharded along every mesh axis: its value
+    needs every device's part, so no client gets it before all have contributed.
+    """
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    names = list(mesh.dim_names)
+    ones = [np.ones([1] * len(names), np.float32)] * len(mesh.local_device_ids())
+    total = float(tf.reduce_sum(dtensor.pack(ones, dtensor.Layout(names, mesh))))
+    if int(total) != mesh.size:
+        raise RuntimeError(f"barrier: {total} of {mesh.size} devices answered")

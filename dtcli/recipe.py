@@ -487,6 +487,13 @@ def dump(recipe: Recipe) -> str:
     return yaml.safe_dump(to_mapping(recipe), sort_keys=False)
 
 
+def fingerprint(recipe: Recipe) -> str:
+    """A hash of the validated recipe (after overrides): clients of one run must agree on it."""
+    import hashlib
+
+    return hashlib.sha256(dump(recipe).encode()).hexdigest()
+
+
 def replace(recipe: Recipe, **changes: Any) -> Recipe:
     """A copy of the recipe with top-level fields changed, re-validated."""
     return _check(dataclasses.replace(recipe, **changes))

@@ -8,16 +8,20 @@ regularization, so one recipe gives the same numbers on any mesh.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dtcli import cluster as cluster_lib
 from dtcli import data as data_lib
 from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
@@ -42,6 +46,7 @@ class Session:
     model: models.Built
     optimizer: Any
     packer: data_lib.Packer
+    cluster: cluster_lib.Cluster | None = None  # set in a multi-client run
 
     @property
     def eval_batch_size(self) -> int:
@@ -52,15 +57,20 @@ class Session:
 
 
 def prepare(
-    recipe: Recipe, splits: tuple[str, ...] = ("train", "eval"), use_devices: int | None = None
+    recipe: Recipe,
+    splits: tuple[str, ...] = ("train", "eval"),
+    cluster: cluster_lib.Cluster | None = None,
+    use_devices: int | None = None,
 ) -> Session:
     """Configure devices, then load data and build the model and optimizer on the mesh.
 
     `use_devices`: build the mesh over only the first N of the configured devices (so that one
     process can compare a 1-device mesh with a multi-device one, as `dtcli doctor` does).
+    With a `cluster` this process is one client of a multi-client run: it configures only its
+    own devices and the mesh spans every client's (the global device list).
     """
     want = mesh_lib.device_count_for(recipe.mesh)
-    devices = devices_lib.configure(recipe.devices, want)
+    devices = devices_lib.configure(recipe.devices, want, cluster=cluster)
     if use_devices is not None:
         devices = devices_lib.Devices(devices.device_type, use_devices)
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
@@ -70,7 +80,9 @@ def prepare(
         mesh_lib.check_batch(axes, data_axis, recipe.data.eval_batch_size, "data.eval_batch_size")
     dataset = data_lib.load(recipe.data, splits)
     plans, initial = plan_lib.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
-    mesh = mesh_lib.build_mesh(axes, devices.device_type, use_devices)
+    mesh = mesh_lib.build_mesh(
+        axes, devices.device_type, distributed=cluster is not None, count=use_devices
+    )
     if recipe.model.api == "keras":
         built = models.build_keras(
             recipe.model,
@@ -98,6 +110,7 @@ def prepare(
         built,
         optimizer,
         data_lib.Packer(mesh, data_axis),
+        cluster,
     )
 
 
@@ -164,7 +177,12 @@ def evaluate(
 
 
 def pack_all(session: Session, split: data_lib.Split) -> list:
-    return [session.packer.pack_batch(b) for b in data_lib.batches(split, session.eval_batch_size)]
+    return [session.packer.pack_batch(b) for b in _batches(session, split, session.eval_batch_size)]
+
+
+def _batches(session: Session, split: data_lib.Split, batch_size: int, order: Any = None) -> Any:
+    """Host batches holding only the rows this process's devices take (all, in one process)."""
+    return data_lib.batches(split, batch_size, order, session.packer.rows(batch_size))
 
 
 def run_steps(session: Session, steps: int) -> list[float]:
@@ -177,7 +195,7 @@ def run_steps(session: Session, steps: int) -> list[float]:
         order = data_lib.epoch_order(
             len(session.data.train), recipe.seed, epoch, recipe.data.shuffle
         )
-        for batch in data_lib.batches(session.data.train, recipe.data.batch_size, order):
+        for batch in _batches(session, session.data.train, recipe.data.batch_size, order):
             if len(losses) == steps:
                 break
             losses.append(float(train_step(*session.packer.pack_batch(batch))["loss"]))
@@ -234,8 +252,15 @@ def train(
     resume: Path | None = None,
     console: Any = None,
     progress: bool = True,
+    cluster: cluster_lib.Cluster | None = None,
+    connect_timeout: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT,
 ) -> RunResult:
-    """Train a recipe end to end and write its run directory (or continue one with `resume`)."""
+    """Train a recipe end to end and write its run directory (or continue one with `resume`).
+
+    With a `cluster`, this process is one client of a multi-client run: a preflight checks the
+    other clients first (within `connect_timeout` seconds); all clients train and save
+    checkpoints together, only client 0 writes the recipe, metrics and plots.
+    """
     from rich.console import Console
 
     from dtcli import checkpoint as ckpt_lib
@@ -245,6 +270,8 @@ def train(
     devices_lib.check_runtime_env()
     # soft_wrap: logs piped to a file keep one line per message
     console = console or Console(stderr=True, soft_wrap=True)
+    chief = cluster is None or cluster.is_chief
+    latest = None
     if resume is not None:
         run_dir = Path(resume)
         latest = ckpt_lib.latest(run_dir)
@@ -252,40 +279,73 @@ def train(
             raise UsageError(f"--resume {str(run_dir)!r}: no complete checkpoint to resume from")
     else:
         run_dir = Path(out) if out is not None else default_run_dir(recipe)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if chief and run_dir.exists() and any(run_dir.iterdir()):
             raise UsageError(
                 f"--out {str(run_dir)!r}: the folder exists and is not empty "
                 "(use --resume to continue a run)"
             )
+    if cluster is not None:
+        devices_lib.check_clients(
+            recipe.devices,
+            mesh_lib.device_count_for(recipe.mesh),
+            cluster.num_clients,
+            "recipe key 'devices'",
+        )
+        # Before TensorFlow's runtime starts: a missing peer would otherwise hang it for good.
+        leader = {
+            "run_dir": str(run_dir),
+            "resume_from": str(latest) if latest else None,
+            "tag": f"{os.getpid()}-{int(time.time())}",
+        }
+        cluster = cluster_lib.preflight(
+            cluster, recipe_lib.fingerprint(recipe), connect_timeout, leader
+        )
+        run_dir, latest = _agree(cluster, run_dir, latest, out is not None)
 
-    session = prepare(recipe)
+    session = prepare(recipe, cluster=cluster)
     recipe = session.recipe
     train_step, eval_step = make_steps(session)
     eval_packed = pack_all(session, session.data.eval)
-    checkpointer = ckpt_lib.Checkpointer(run_dir, session.checkpoint_objects(), recipe.train.keep)
+    checkpointer = ckpt_lib.Checkpointer(
+        run_dir,
+        session.checkpoint_objects(),
+        recipe.train.keep,
+        chief=chief,
+        barrier=(lambda: mesh_lib.barrier(session.mesh)) if cluster else None,
+        tag=cluster.leader.get("tag") if cluster else None,
+    )
     history: list[dict[str, Any]] = []
     start = EpochState(0)
-    if resume is not None:
+    if latest is not None:
         checkpointer.clean()
         checkpointer.restore(latest, session.model.weights)
         meta = ckpt_lib.read_meta(latest)
         start = EpochState(**meta["epoch_state"])
         metrics_path = run_dir / metrics_lib.METRICS_FILE
-        metrics_lib.truncate_after(metrics_path, meta["step"])
-        metrics_lib.truncate_after(run_dir / metrics_lib.STEPS_FILE, meta["step"])
-        history = metrics_lib.read(metrics_path) if metrics_path.exists() else []
+        if chief:
+            metrics_lib.truncate_after(metrics_path, meta["step"])
+            metrics_lib.truncate_after(run_dir / metrics_lib.STEPS_FILE, meta["step"])
+            history = metrics_lib.read(metrics_path) if metrics_path.exists() else []
         console.print(
             f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
             f"step {meta['step']})",
             highlight=False,
         )
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if chief:
+        run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        _write_atomic(run_dir / RECIPE_FILE, recipe_lib.dump(recipe))
-        writer = metrics_lib.MetricsWriter(run_dir)
+        if chief:
+            _write_atomic(run_dir / RECIPE_FILE, recipe_lib.dump(recipe))
+            writer: Any = metrics_lib.MetricsWriter(run_dir)
+        else:
+            writer = _NoWriter()
         _describe(console, session, run_dir)
-        with _StopOnSigint() as stop:
+        # Ctrl-C in a multi-client run: stopping after "the current step" would leave the
+        # clients at different steps, waiting on each other's collectives for good. The first
+        # Ctrl-C interrupts at once instead (dtcli launch stops every client).
+        stopper = _StopOnSigint() if cluster is None else contextlib.nullcontext()
+        with stopper as stop, _peer_failures(cluster, checkpointer):
             history = _loop(
                 session,
                 train_step,
@@ -300,14 +360,67 @@ def train(
                 stop,
             )
         writer.close()
-        plot_lib.plot_runs([run_dir], run_dir / "plots")
+        if chief:
+            plot_lib.plot_runs([run_dir], run_dir / "plots")
     except BaseException:
         # Nothing resumable was written: leave no half-written run directory behind.
-        if created and not ckpt_lib.complete(run_dir):
+        if chief and created and not ckpt_lib.complete(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    _summary(console, history, run_dir)
+    if chief:
+        _summary(console, history, run_dir)
     return RunResult(run_dir, history)
+
+
+def _agree(
+    cluster: cluster_lib.Cluster, run_dir: Path, latest: Path | None, explicit: bool
+) -> tuple[Path, Path | None]:
+    """The run directory and resume checkpoint client 0 chose, which every client must use
+    (a default run directory carries a timestamp that differs between clients)."""
+    if cluster.is_chief:
+        return run_dir, latest
+    chosen = Path(cluster.leader["run_dir"])
+    if explicit and chosen.resolve() != run_dir.resolve():
+        raise UsageError(
+            f"--out {str(run_dir)!r}: client 0 writes the run to {str(chosen)!r}; every client "
+            "needs the same run directory (on storage they all share)"
+        )
+    resume_from = cluster.leader.get("resume_from")
+    return chosen, Path(resume_from) if resume_from else None
+
+
+class _NoWriter:
+    """Clients other than 0 write no metrics: client 0 holds the same global numbers."""
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        pass
+
+    def step_loss(self, step: int, loss: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _peer_failures(cluster: cluster_lib.Cluster | None, checkpointer: Any) -> Iterator[None]:
+    """In a multi-client run, a client that dies makes the others' next collective fail; say so
+    in one line (the launcher names the client that died) instead of a runtime traceback."""
+    if cluster is None:
+        yield
+        return
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        first = (exc.message or str(exc)).strip().splitlines()[0]
+        first = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first)[:200]
+        raise TrainingError(
+            f"client {cluster.client_id}: lost the other clients ({type(exc).__name__}: "
+            f"{first}); the run stopped; last complete checkpoint: "
+            f"{_last_checkpoint(checkpointer)}"
+        ) from None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -384,7 +497,7 @@ def run_epoch(
     order = order[state.batch * recipe.data.batch_size : steps * recipe.data.batch_size]
     log_every = recipe.train.log_every
     started = time.perf_counter() - state.seconds
-    for batch in data_lib.batches(split, recipe.data.batch_size, order):
+    for batch in _batches(session, split, recipe.data.batch_size, order):
         out = train_step(*session.packer.pack_batch(batch))
         loss = float(out["loss"])
         if not math.isfinite(loss):
@@ -513,6 +626,12 @@ def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
     }
 
 
+# dtcli launch sets this for client 0: its progress goes to the launcher as event lines (which
+# draws the one bar), since a bar drawn into a pipe shows nothing.
+PROGRESS_EVENTS_ENV = "DTCLI_PROGRESS_EVENTS"
+PROGRESS_EVENT = "\x1edtcli-progress "
+
+
 class _Bar:
     """A rich progress bar for one epoch: loss, accuracy and examples/s as it goes."""
 
@@ -520,24 +639,26 @@ class _Bar:
         self.console = console
         self.enabled = enabled
         self.progress = None
+        self.events = enabled and os.environ.get(PROGRESS_EVENTS_ENV) == "1"
+        self._last = 0.0
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        import json
+        import sys
+
+        sys.stderr.write(PROGRESS_EVENT + json.dumps({"event": kind, **fields}) + "\n")
+        sys.stderr.flush()
 
     def start(self, epoch: int, epochs: int, steps: int, done: int = 0) -> None:
+        if self.events:
+            self._event("start", epoch=epoch, epochs=epochs, steps=steps, done=done)
+            return
         if not self.enabled:
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        from rich.progress import Progress
 
         self.progress = Progress(
-            TextColumn(f"epoch {epoch}/{epochs}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(),
+            *progress_columns(f"epoch {epoch}/{epochs}"),
             console=self.console,
             transient=True,
         )
@@ -545,23 +666,45 @@ class _Bar:
         self.task = self.progress.add_task("train", total=steps, completed=done, stats="")
 
     def update(self, done: int, loss: float, acc: float, rate: float) -> None:
+        stats = f"loss {loss:.4f} acc {acc:.4f} {rate:,.0f} ex/s"
+        if self.events:
+            now = time.monotonic()
+            if now - self._last >= 0.1:  # a few lines a second are plenty for a bar
+                self._last = now
+                self._event("update", done=done, stats=stats)
+            return
         if self.progress is not None:
-            self.progress.update(
-                self.task, completed=done, stats=f"loss {loss:.4f} acc {acc:.4f} {rate:,.0f} ex/s"
-            )
+            self.progress.update(self.task, completed=done, stats=stats)
 
     def stop(self) -> None:
+        if self.events:
+            self._event("stop")
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
 
 
+def progress_columns(title: str) -> list[Any]:
+    """The columns of the epoch bar (shared with dtcli launch, which draws client 0's)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    return [
+        TextColumn(title),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+    ]
+
+
 def _describe(console: Any, session: Session, run_dir: Path) -> None:
     r = session.recipe
     sharded = sum(1 for p in session.plans if any(s != "unsharded" for s in p.spec))
+    d = session.devices
+    over = d.text if d.clients == 1 else f"{d.text} ({d.clients} clients x {d.local_count})"
     console.print(
         f"[bold]{r.name}[/]: {r.model.api} model, {len(session.plans)} weights ({sharded} sharded) "
-        f"on mesh {mesh_lib.mesh_text(session.axes)} over {session.devices.text}; "
+        f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}; "
         f"data: {session.data.description}; run directory: {run_dir}",
         highlight=False,
     )

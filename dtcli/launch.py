@@ -1,0 +1,438 @@
+"""`dtcli launch`: a multi-client DTensor run as N local processes on loopback.
+
+Each client is a plain `dtcli train --client-id I --jobs ...` in its own process group, so the
+launcher adds nothing a multi-host run lacks: it picks free loopback ports, prefixes each
+client's output with its id, draws client 0's progress bar, and when one client fails it stops
+the others (SIGINT, then SIGKILL) and names the client. Clients also die with the launcher
+(PR_SET_PDEATHSIG), so even a killed launcher leaves no orphans on Linux.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import devices as devices_lib
+from dtcli import mesh as mesh_lib
+from dtcli import recipe as recipe_lib
+from dtcli.errors import TrainingError, UsageError
+
+LOOPBACK = "127.0.0.1"
+# How long stopped clients get to exit on SIGINT before SIGKILL.
+STOP_GRACE_S = 3.0
+
+
+class ClientFailed(TrainingError):
+    """A client exited non-zero (or was killed); the others were stopped."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    clients: int
+    jobs: tuple[str, ...]
+    devices: str | None  # --devices for every client (the mesh's total), None: the recipe's
+    gpus_per_client: int | None  # set: client i sees GPUs i*K .. i*K+K-1 (CUDA_VISIBLE_DEVICES)
+    run_dir: Path
+    train_args: tuple[str, ...]  # passed to every client's `dtcli train`
+    connect_timeout: float
+
+
+def plan(
+    recipe: Path | None,
+    clients: int,
+    devices_per_client: str | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    epochs: int | None = None,
+    out: Path | None = None,
+    resume: Path | None = None,
+    port: int | None = None,
+    connect_timeout: float = 60.0,
+) -> LaunchPlan:
+    """Check everything that can be checked without TensorFlow, before any client starts."""
+    from dtcli import train as train_lib
+
+    if clients < 1:
+        raise UsageError(f"--clients {clients}: expected at least 1")
+    if resume is not None:
+        if recipe is not None or out is not None:
+            raise UsageError(
+                "--resume RUN_DIR takes its recipe and folder from the run: "
+                "give no RECIPE and no --out"
+            )
+        loaded = train_lib.resume_recipe(resume, sets, mesh=mesh, epochs=epochs)
+        if ckpt_lib.latest(resume) is None:
+            raise UsageError(f"--resume {str(resume)!r}: no complete checkpoint to resume from")
+        run_dir = Path(resume)
+    elif recipe is None:
+        raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
+    else:
+        loaded = recipe_lib.load(recipe, sets, mesh=mesh, epochs=epochs)
+        run_dir = Path(out) if out is not None else train_lib.default_run_dir(loaded)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise UsageError(
+                f"--out {str(run_dir)!r}: the folder exists and is not empty "
+                "(use --resume to continue a run)"
+            )
+    devices, gpus = _devices(loaded, clients, devices_per_client)
+    train_args: list[str] = []
+    if resume is not None:
+        train_args += ["--resume", str(run_dir)]
+    else:
+        train_args += [str(recipe), "--out", str(run_dir)]
+    for assignment in sets:
+        train_args += ["--set", assignment]
+    if mesh is not None:
+        train_args += ["--mesh", mesh]
+    if epochs is not None:
+        train_args += ["--epochs", str(epochs)]
+    if devices is not None:
+        train_args += ["--devices", devices]
+    return LaunchPlan(
+        clients,
+        tuple(f"{LOOPBACK}:{p}" for p in _ports(clients, port)),
+        devices,
+        gpus,
+        run_dir,
+        tuple(train_args),
+        connect_timeout,
+    )
+
+
+def _devices(
+    recipe: recipe_lib.Recipe, clients: int, per_client: str | None
+) -> tuple[str | None, int | None]:
+    """The --devices every client gets (a total over all clients), and GPUs per client."""
+    if per_client is not None:
+        spec = devices_lib.parse(per_client, "--devices-per-client")
+        if spec.kind not in ("cpu", "gpu") or spec.count is None:
+            raise UsageError(
+                f"--devices-per-client {per_client!r}: expected cpu:K or gpu:K "
+                "(a local launch splits one host's devices)"
+            )
+        total = spec.count * clients
+        try:
+            mesh_lib.resolve_axes(recipe.mesh, total)  # the mesh must take exactly these devices
+        except UsageError:
+            raise UsageError(
+                f"--devices-per-client {per_client}: {clients} clients x {spec.count} = {total} "
+                f"devices, which the mesh {mesh_lib.mesh_text(recipe.mesh)} cannot take"
+            ) from None
+        return f"{spec.kind}:{total}", spec.count if spec.kind == "gpu" else None
+    spec = devices_lib.parse(recipe.devices)
+    try:
+        devices_lib.check_clients(
+            recipe.devices, mesh_lib.device_count_for(recipe.mesh), clients, "devices"
+        )
+    except UsageError:
+        raise UsageError(
+            f"--clients {clients}: {clients} clients do not divide the devices of the mesh "
+            f"{mesh_lib.mesh_text(recipe.mesh)} (devices {recipe.devices}); "
+            "give --devices-per-client or another --clients"
+        ) from None
+    if spec.kind == "gpu":
+        raise UsageError(
+            "--devices-per-client: a local launch on GPUs needs gpu:K, so that each client "
+            "gets its own K GPUs"
+        )
+    return None, None
+
+
+def _ports(clients: int, first: int | None) -> list[int]:
+    """Free loopback ports: PORT..PORT+N-1 checked now, or ports the kernel hands out."""
+    if first is not None:
+        ports = list(range(first, first + clients))
+        if not (0 < first and ports[-1] < 65536):
+            raise UsageError(f"--port {first}: expected ports between 1 and 65535")
+        for p in ports:
+            with socket.socket() as s:
+                try:
+                    s.bind((LOOPBACK, p))
+                except OSError as exc:
+                    raise UsageError(
+                        f"--port {first}: {LOOPBACK}:{p} (client {p - first}) is in use "
+                        f"({exc.strerror}); choose another --port"
+                    ) from None
+        return ports
+    held = []
+    try:
+        for _ in range(clients):  # all held at once, so no two clients get the same port
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def launch(
+    recipe: Path | None,
+    clients: int,
+    devices_per_client: str | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    epochs: int | None = None,
+    out: Path | None = None,
+    resume: Path | None = None,
+    port: int | None = None,
+    connect_timeout: float = 60.0,
+    progress: bool = True,
+) -> Path:
+    """Start the clients, relay their output, and return the run directory once all succeed."""
+    p = plan(
+        recipe,
+        clients,
+        devices_per_client,
+        sets,
+        mesh,
+        epochs,
+        out,
+        resume,
+        port,
+        connect_timeout,
+    )
+    return run(p, progress)
+
+
+def _command(p: LaunchPlan, client: int, progress: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "dtcli.cli", "train", *p.train_args]
+    cmd += ["--client-id", str(client), "--jobs", ",".join(p.jobs)]
+    cmd += ["--connect-timeout", f"{p.connect_timeout:g}"]
+    if client != 0 or not progress:
+        cmd.append("--no-progress")
+    return cmd
+
+
+def _env(p: LaunchPlan, client: int, progress: bool) -> dict[str, str]:
+    from dtcli import cluster as cluster_lib
+    from dtcli import train as train_lib
+
+    env = dict(os.environ)
+    for key in (cluster_lib.ENV_JOBS, cluster_lib.ENV_CLIENT_ID):
+        env.pop(key, None)  # the command line says who each client is
+    env["PYTHONUNBUFFERED"] = "1"
+    if env.get("DTCLI_TF_LOGS") != "1":
+        # When a client dies, every other one logs the same gRPC errors natively, several lines
+        # each; the one-line Python error of each client says it all.
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if client == 0 and progress:
+        env[train_lib.PROGRESS_EVENTS_ENV] = "1"
+    if p.gpus_per_client:
+        k = p.gpus_per_client
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(client * k, client * k + k))
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the launcher dies (Linux only)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
+    from rich.console import Console
+
+    console = console or Console(stderr=True, soft_wrap=True, highlight=False)
+    procs: list[subprocess.Popen] = []
+    lines: queue.Queue = queue.Queue()
+    try:
+        for client in range(p.clients):
+            proc = subprocess.Popen(
+                _command(p, client, progress),
+                env=_env(p, client, progress),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: stopped as a whole
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+            procs.append(proc)
+            for stream in (proc.stdout, proc.stderr):
+                threading.Thread(target=_pump, args=(client, stream, lines), daemon=True).start()
+        console.print(
+            f"launch: {p.clients} clients on {','.join(p.jobs)} "
+            f"(pids {', '.join(str(x.pid) for x in procs)}); run directory: {p.run_dir}"
+        )
+        failed = _supervise(procs, lines, console, progress)
+    except KeyboardInterrupt:
+        _stop(procs)
+        raise ClientFailed(
+            f"interrupted; stopped {len(procs)} clients; {_resume_hint(p)}", exit_code=130
+        ) from None
+    finally:
+        _stop(procs)
+    if failed is not None:
+        client, code, last = failed
+        how = _describe_exit(code)
+        if code == 2 and last:  # bad input: the client said which, in one line
+            raise ClientFailed(f"client {client}: {last.removeprefix('error: ')}", exit_code=2)
+        raise ClientFailed(
+            f"client {client} failed ({how}){': ' + last if last else ''}; stopped the other "
+            f"clients; {_resume_hint(p)}"
+        )
+    return p.run_dir
+
+
+def _pump(client: int, stream: Any, lines: queue.Queue) -> None:
+    for raw in iter(stream.readline, b""):
+        lines.put((client, raw.decode(errors="replace").rstrip("\r\n")))
+    stream.close()
+    lines.put((client, None))  # this stream is done
+
+
+def _supervise(
+    procs: list[subprocess.Popen], lines: queue.Queue, console: Any, progress: bool
+) -> tuple[int, int, str] | None:
+    """Relay output until every client exits; on the first failure stop the others.
+
+    Returns (client, exit code, its last error line) of the first client that failed, or None.
+    """
+    from dtcli import train as train_lib
+
+    bar = _LaunchBar(console) if progress else None
+    open_streams = 2 * len(procs)
+    last_error: dict[int, str] = {}
+    failed: tuple[int, int, str] | None = None
+    try:
+        while open_streams:
+            try:
+                client, line = lines.get(timeout=0.1)
+            except queue.Empty:
+                client, line = -1, ""
+            if line is None:
+                open_streams -= 1
+            elif client >= 0:
+                if line.startswith(train_lib.PROGRESS_EVENT):
+                    if bar is not None:
+                        bar.event(json.loads(line[len(train_lib.PROGRESS_EVENT) :]))
+                else:
+                    if line.startswith("error: "):
+                        last_error[client] = line
+                    console.print(f"[client {client}] {line}", markup=False)
+            if failed is None:
+                for i, proc in enumerate(procs):
+                    code = proc.poll()
+                    if code not in (None, 0):
+                        failed = (i, code, "")
+                        # Stop the others now: they would wait on the dead client's collectives.
+                        _stop([q for q in procs if q is not proc], wait=False)
+                        break
+        for proc in procs:
+            proc.wait(timeout=STOP_GRACE_S * 2)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if failed is None:
+        for i, proc in enumerate(procs):
+            if proc.returncode != 0:
+                failed = (i, proc.returncode, "")
+                break
+    if failed is not None:
+        client, code, _ = failed
+        return client, code, last_error.get(client, "")
+    return None
+
+
+def _stop(procs: list[subprocess.Popen], wait: bool = True) -> None:
+    """SIGINT each client's process group; SIGKILL what is left after the grace period.
+
+    Not SIGTERM: in multi-client mode TensorFlow's coordination service takes SIGTERM as a
+    preemption notice and the client trains on (seen with TF 2.21). SIGINT raises
+    KeyboardInterrupt, so a client that has written nothing resumable removes its run directory.
+    """
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGINT)
+    if not wait:
+        threading.Thread(target=_reap, args=(procs,), daemon=True).start()
+        return
+    _reap(procs)
+
+
+def _reap(procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=STOP_GRACE_S)
+        # Anything the client started shares its group; make sure none of it lingers.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _resume_hint(p: LaunchPlan) -> str:
+    latest = ckpt_lib.latest(p.run_dir)
+    if latest is None:
+        return "no complete checkpoint was written"
+    return (
+        f"last complete checkpoint: {latest}; resume with: dtcli launch --clients {p.clients} "
+        f"--resume {p.run_dir}"
+    )
+
+
+class _LaunchBar:
+    """Client 0's epoch progress, drawn by the launcher from the events client 0 sends."""
+
+    def __init__(self, console: Any):
+        self.console = console
+        self.progress = None
+
+    def event(self, e: dict[str, Any]) -> None:
+        from rich.progress import Progress
+
+        from dtcli import train as train_lib
+
+        kind = e.get("event")
+        if kind == "start":
+            self.stop()
+            self.progress = Progress(
+                *train_lib.progress_columns(f"epoch {e['epoch']}/{e['epochs']} (client 0)"),
+                console=self.console,
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(
+                "train", total=e["steps"], completed=e.get("done", 0), stats=""
+            )
+        elif kind == "update" and self.progress is not None:
+            self.progress.update(self.task, completed=e["done"], stats=e["stats"])
+        elif kind == "stop":
+            self.stop()
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,375 @@
+"""Multi-client DTensor runs: `dtcli launch`, `dtcli train --client-id/--jobs`, the preflight,
+per-client data shards, collective checkpoints, a killed client, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import RECIPES, ROOT, dtcli, env
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import cluster as cluster_lib
+from dtcli import data as data_lib
+from dtcli import metrics
+from dtcli.errors import UsageError
+
+QUICK = str(RECIPES / "quickstart.yaml")
+EPOCHS = "3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_of(stderr: str) -> list[int]:
+    """The client pids `dtcli launch` announces on its first line."""
+    found = re.search(r"\(pids ([\d, ]+)\)", stderr)
+    assert found, stderr
+    return [int(p) for p in found.group(1).split(", ")]
+
+
+def assert_gone(pids: list[int]) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)  # each client led its own process group: nothing of it is left
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- fast: no TensorFlow
+
+
+def test_cluster_from_flags_and_from_dtensor_variables():
+    c = cluster_lib.from_args(1, "127.0.0.1:1000,127.0.0.1:1001", environ={})
+    assert (c.client_id, c.num_clients, c.address, c.job_name) == (1, 2, "127.0.0.1:1001", "worker")
+    assert cluster_lib.from_args(None, None, environ={}) is None
+    c = cluster_lib.from_args(
+        None,
+        None,
+        environ={
+            "DTENSOR_JOBS": "h1:9,h2:9,h3:9",
+            "DTENSOR_CLIENT_ID": "2",
+            "DTENSOR_JOB_NAME": "w",
+        },
+    )
+    assert (c.client_id, c.num_clients, c.job_name, c.where) == (2, 3, "w", "DTENSOR_JOBS")
+    # flags win over the variables
+    c = cluster_lib.from_args(
+        0, "a:1,b:2", environ={"DTENSOR_JOBS": "x:1", "DTENSOR_CLIENT_ID": "0"}
+    )
+    assert c.jobs == ("a:1", "b:2")
+
+
+@pytest.mark.parametrize(
+    "client_id, jobs, environ, message",
+    [
+        (2, "a:1,b:2", {}, "--client-id 2: expected 0 to 1 (the jobs list has 2 clients)"),
+        (0, "a:1,a:1", {}, "--jobs: an address appears twice"),
+        (0, "a,b:2", {}, "--jobs: expected host:port entries, got 'a'"),
+        (1, None, {}, "--client-id: also give --jobs"),
+        (None, None, {"DTENSOR_JOBS": "a:1,b:2"}, "DTENSOR_JOBS is set: also give --client-id"),
+        (
+            None,
+            None,
+            {"DTENSOR_JOBS": "a:1", "DTENSOR_CLIENT_ID": "x"},
+            "DTENSOR_CLIENT_ID: expected",
+        ),
+    ],
+)
+def test_cluster_bad_input(client_id, jobs, environ, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        cluster_lib.from_args(client_id, jobs, environ=environ)
+
+
+def test_each_client_reads_only_its_rows_and_together_they_make_the_global_batch():
+    split = data_lib.Split(np.arange(10, dtype=np.float32)[:, None], np.arange(10, dtype=np.int32))
+    order = np.array([9, 3, 0, 7, 1, 4, 8, 2, 6, 5])
+    whole = list(data_lib.batches(split, 8, order))
+    # A batch of 8 in 4 shards of 2 rows; client 0 holds shards 0 and 1, client 1 shards 2 and 3.
+    halves = [
+        list(data_lib.batches(split, 8, order, np.arange(0, 4))),
+        list(data_lib.batches(split, 8, order, np.arange(4, 8))),
+    ]
+    for i, batch in enumerate(whole):
+        parts = [h[i] for h in halves]
+        assert all(len(p.y) == 4 for p in parts)  # each client reads half of the batch
+        np.testing.assert_array_equal(np.concatenate([p.y for p in parts]), batch.y)
+        np.testing.assert_array_equal(np.concatenate([p.mask for p in parts]), batch.mask)
+    # the last, ragged batch: 2 real rows, both on client 0; client 1 holds only padding
+    assert whole[1].mask.tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert halves[1][1].mask.tolist() == [0, 0, 0, 0]
+
+
+# --------------------------------------------------------------------------- bad input, exit 2
+
+
+def test_unreachable_peer_fails_within_the_timeout_naming_the_address(tmp_path):
+    peer = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    proc = dtcli(
+        "train",
+        QUICK,
+        "--client-id",
+        "0",
+        "--jobs",
+        f"127.0.0.1:{free_port()},{peer}",
+        "--connect-timeout",
+        "2",
+        "--out",
+        tmp_path / "run",
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: --jobs: cannot reach client 1 at {peer} within 2 s (--connect-timeout); is it "
+        "started, with the same jobs list, and is the address reachable from this host?"
+    )
+    assert time.monotonic() - started < 30  # 2 s plus the interpreter's start-up, not a hang
+    assert not (tmp_path / "run").exists()
+
+
+def test_port_in_use_is_named_for_train_and_launch(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        proc = dtcli(
+            "train",
+            QUICK,
+            "--client-id",
+            "0",
+            "--jobs",
+            f"127.0.0.1:{port},127.0.0.1:{free_port()}",
+            "--connect-timeout",
+            "5",
+            timeout=60,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(
+            f"error: --jobs: port {port} of this client (127.0.0.1:{port}, client 0) is in use"
+        )
+        assert len(proc.stderr.strip().splitlines()) == 1
+        proc = dtcli("launch", "--clients", "2", "--port", str(port - 1), QUICK, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(
+            f"error: --port {port - 1}: 127.0.0.1:{port} (client 1) is in use"
+        )
+        assert len(proc.stderr.strip().splitlines()) == 1
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["launch", "--clients", "3", QUICK],
+            "error: --clients 3: 3 clients do not divide the devices of the mesh batch=4,model=2 "
+            "(devices cpu:8); give --devices-per-client or another --clients",
+        ),
+        (
+            ["launch", "--clients", "3", "--devices-per-client", "cpu:2", QUICK],
+            "error: --devices-per-client cpu:2: 3 clients x 2 = 6 devices, which the mesh "
+            "batch=4,model=2 cannot take",
+        ),
+        (
+            ["train", QUICK, "--client-id", "0", "--jobs", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"],
+            "error: --jobs: 3 clients do not divide the 8 devices of recipe key 'devices' "
+            "'cpu:8' (each client must hold the same number of devices)",
+        ),
+        (["launch", "--clients", "0", QUICK], "error: --clients 0: expected at least 1"),
+    ],
+)
+def test_clients_that_do_not_divide_the_devices(args, message):
+    proc = dtcli(*args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == message
+
+
+def test_clients_with_different_recipes_are_stopped_by_the_preflight(tmp_path):
+    jobs = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    common = ["-m", "dtcli.cli", "train", QUICK, "--jobs", jobs, "--connect-timeout", "20"]
+    other = subprocess.Popen(
+        [sys.executable, *common, "--client-id", "1", "--set", "optimizer.learning_rate=0.01"],
+        cwd=ROOT,
+        env=env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        proc = dtcli("train", QUICK, "--jobs", jobs, "--client-id", "0", timeout=60)
+        _, other_err = other.communicate(timeout=60)
+    finally:
+        if other.poll() is None:
+            os.killpg(other.pid, signal.SIGKILL)
+            other.wait()
+    assert proc.returncode == 2 and other.returncode == 2
+    assert "error: --jobs: client 1 (127.0.0.1:" in proc.stderr
+    assert "runs another recipe" in proc.stderr and "runs another recipe" in other_err
+
+
+# --------------------------------------------------------------------------- two clients
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """The quickstart in one process on 8 virtual CPUs (batch=4 x model=2)."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    proc = dtcli("train", QUICK, "--epochs", EPOCHS, "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The same, as 2 clients of 4 virtual CPUs each on loopback."""
+    out = tmp_path_factory.mktemp("launched") / "run"
+    proc = dtcli(
+        "launch",
+        "--clients",
+        "2",
+        "--devices-per-client",
+        "cpu:4",
+        QUICK,
+        "--epochs",
+        EPOCHS,
+        "--out",
+        out,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+@pytest.mark.slow
+def test_two_clients_match_one_process(launched, single_run):
+    out, proc = launched
+    a = metrics.read(out / "metrics.jsonl")
+    b = metrics.read(single_run / "metrics.jsonl")
+    assert [r["epoch"] for r in a] == [1, 2, 3]
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "train_accuracy"):
+        assert a[-1][key] == pytest.approx(b[-1][key], rel=1e-4), key
+    assert a[-1]["train_examples"] == 1437 and a[-1]["eval_examples"] == 360
+    assert proc.stdout.strip() == str(out)
+    # every client printed the same global numbers, each line prefixed with its id
+    for client in (0, 1):
+        lines = [
+            x for x in proc.stderr.splitlines() if x.startswith(f"[client {client}] epoch 3/3")
+        ]
+        assert len(lines) == 1 and f"eval loss {a[-1]['eval_loss']:.4f}" in lines[0]
+    assert "over cpu:8 (2 clients x 4)" in proc.stderr
+
+
+@pytest.mark.slow
+def test_only_client_0_writes_and_the_checkpoint_is_complete(launched):
+    out, _ = launched
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoints",
+        "metrics.jsonl",
+        "plots",
+        "recipe.yaml",
+        "tensorboard",
+    ]
+    assert len(metrics.read(out / "metrics.jsonl")) == 3  # one writer: no duplicated records
+    assert "devices: cpu:8" in (out / "recipe.yaml").read_text()  # the mesh's total
+    assert [p.name for p in ckpt_lib.complete(out)] == ["ckpt-00000069"]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    assert ckpt_lib.read_meta(ckpt_lib.latest(out))["mesh"] == {"batch": 4, "model": 2}
+
+
+@pytest.mark.slow
+def test_a_two_client_checkpoint_evaluates_on_one_device(launched):
+    out, _ = launched
+    proc = dtcli("eval", out, "--devices", "cpu:1", "--mesh", "batch=1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = last_json(proc)
+    final = metrics.read(out / "metrics.jsonl")[-1]
+    assert result["devices"] == "cpu:1" and result["trained_on_mesh"] == "batch=4,model=2"
+    assert result["examples"] == 360
+    assert abs(result["accuracy"] - final["eval_accuracy"]) <= 1e-6
+    assert result["loss"] == pytest.approx(final["eval_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launched, tmp_path):
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dtcli.cli",
+            "launch",
+            "--clients",
+            "2",
+            QUICK,
+            "--epochs",
+            "40",
+            "--set",
+            "train.checkpoint_every=1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        pids = pids_of(launcher.stderr.readline())
+        deadline = time.monotonic() + 120
+        while not ckpt_lib.complete(out):
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = launcher.communicate(timeout=60)
+        stopped_after = time.monotonic() - killed
+    finally:
+        for pid in [launcher.pid, *pids]:  # leave nothing behind, even when an assert failed
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.wait(timeout=30)
+    assert launcher.returncode == 1, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: client 1 failed (killed by SIGKILL); stopped the other clients")
+    assert f"resume with: dtcli launch --clients 2 --resume {out}" in last
+    assert stopped_after < 20
+    assert_gone(pids)
+    latest = ckpt_lib.latest(out)
+    assert latest is not None and f"last complete checkpoint: {latest}" in last
+    # The last complete checkpoint resumes; one more epoch matches the uninterrupted run.
+    epoch = ckpt_lib.read_meta(latest)["epoch"] + 1
+    proc = dtcli("launch", "--clients", "2", "--resume", out, "--epochs", str(epoch), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"resuming {latest}" in proc.stderr
+    assert_gone(pids_of(proc.stderr))
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    resumed = metrics.read(out / "metrics.jsonl")
+    assert [r["epoch"] for r in resumed] == list(range(1, epoch + 1))
+    whole = metrics.read(launched[0] / "metrics.jsonl")
+    if epoch <= len(whole):
+        for key in ("train_loss", "eval_loss", "eval_accuracy"):
+            assert resumed[-1][key] == pytest.approx(whole[epoch - 1][key], rel=1e-5)
