@@ -110,7 +110,7 @@ def _runtime_probe(devices: devices_lib.Devices) -> Check:
     from dtcli.mesh import build_mesh
 
     def run(count: int) -> dict:
-        mesh = build_mesh({"batch": count}, devices.device_type, count)
+        mesh = build_mesh({"batch": count}, devices.device_type, count=count)
         rep = lambda rank: dtensor.Layout.replicated(mesh, rank)  # noqa: E731
         init = np.random.default_rng(1)
         shapes = [(32, 16), (16,), (16, 4), (4,)]

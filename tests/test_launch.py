@@ -285,9 +285,12 @@ def test_only_client_0_writes_and_the_checkpoint_is_complete(launched):
         "metrics.jsonl",
         "plots",
         "recipe.yaml",
+        "steps.jsonl",
         "tensorboard",
     ]
     assert len(metrics.read(out / "metrics.jsonl")) == 3  # one writer: no duplicated records
+    steps = [r["step"] for r in metrics.read(out / "steps.jsonl")]
+    assert steps == sorted(set(steps))
     assert "devices: cpu:8" in (out / "recipe.yaml").read_text()  # the mesh's total
     assert [p.name for p in ckpt_lib.complete(out)] == ["ckpt-00000069"]
     assert not list((out / "checkpoints").glob(".tmp-*"))
