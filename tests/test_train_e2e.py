@@ -55,6 +55,9 @@ def test_run_directory_holds_everything(run4):
     assert records[-1]["step"] == 4 * 23  # 1437 examples / 64, the last batch padded
     assert records[-1]["eval_examples"] == 360 and records[-1]["train_examples"] == 1437
     assert records[-1]["train_loss"] < records[0]["train_loss"]
+    # The first step's tracing and compiling is reported where it happened, and only there.
+    assert records[0]["compile_seconds"] > 0
+    assert all("compile_seconds" not in r for r in records[1:])
     assert [p.name for p in ckpt_lib.complete(run4)] == ["ckpt-00000069", "ckpt-00000092"]  # keep 2
     meta = ckpt_lib.read_meta(run4 / "checkpoints" / "ckpt-00000092")
     assert meta["mesh"] == {"batch": 4, "model": 2} and meta["versions"]["tensorflow"]
