@@ -389,6 +389,7 @@ class Packer:
         self.local_shards = sorted(set(self.shard_of_device))
         self._position = {shard: i for i, shard in enumerate(self.local_shards)}
         self._layouts: dict[int, Any] = {}
+        self._verified = False
 
     def rows(self, batch_size: int) -> np.ndarray | None:
         """Positions in a global batch of `batch_size` this process's devices hold (None: all)."""
@@ -424,4 +425,28 @@ class Packer:
         )
 
     def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
-        return self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)
+        packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)
+        if not self._verified:
+            self._verified = True
+            self.verify(batch.x, packed[0])
+        return packed
+
+    def verify(self, array: np.ndarray, packed: Any) -> None:
+        """Check once that DTensor reads the packed batch as the host batch, row for row.
+
+        A wrong packing raises nothing in DTensor and trains on the wrong rows (DTENSOR_NOTES
+        trap 3); gathering the first batch back is the guard. In a multi-client run a client
+        cannot gather the others' rows alone, so only one process checks.
+        """
+        from tensorflow.experimental import dtensor
+
+        from dtcli.layout import replicated
+
+        if len(self.local_shards) != self.shards:
+            return
+        whole = dtensor.unpack(dtensor.relayout(packed, replicated(self.mesh, array.ndim)))[0]
+        if not np.array_equal(whole.numpy(), array):
+            raise RuntimeError(
+                f"packing bug: the batch on mesh {self.mesh} is not the host batch "
+                f"(data axis {self.data_axis!r})"
+            )

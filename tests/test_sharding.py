@@ -40,6 +40,12 @@ def test_weight_shards_and_packed_batches_on_a_2d_mesh():
             want = x[loc["batch"] * 16:(loc["batch"] + 1) * 16]
             ok.append(bool(np.array_equal(comp.numpy(), want)))
         result["pack_ok"] = ok
+        # The seed's trap (split by device count, not by batch coordinate) is caught, not trained on.
+        try:
+            s.packer.verify(x, dtensor.pack(np.split(x, 8), s.packer.layout(2)))
+            result["trap_caught"] = False
+        except RuntimeError as exc:
+            result["trap_caught"] = "packing bug" in str(exc)
         result["labels_layout"] = list(py.layout.sharding_specs) if hasattr(py, "layout") else \\
             list(dtensor.fetch_layout(py).sharding_specs)
         print(json.dumps(result))
@@ -55,6 +61,7 @@ def test_weight_shards_and_packed_batches_on_a_2d_mesh():
         assert w["dense_1.bias"]["layout"] == ["unsharded"]
         assert all(v["devices"] == 8 for v in w.values())
     assert out["pack_ok"] == [True] * 8
+    assert out["trap_caught"]
     assert out["labels_layout"] == ["batch"]
 
 
