@@ -102,13 +102,23 @@ class Checkpointer:
         recorded, so a checkpoint of another model fails with the first weight that differs.
         `partial`: restore only the objects this Checkpointer tracks (eval needs no optimizer).
         """
+        import tensorflow as tf
+
+        from dtcli.errors import UsageError
+
         if weights is not None:
             check_weights(checkpoint, weights)
-        status = self.ckpt.read(str(Path(checkpoint) / "ckpt"))
-        if partial:
-            status.expect_partial()
-        else:
-            status.assert_existing_objects_matched()
+        try:
+            status = self.ckpt.read(str(Path(checkpoint) / "ckpt"))
+            if partial:
+                status.expect_partial()
+            else:
+                status.assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            first = (getattr(exc, "message", None) or str(exc)).strip().splitlines()[0][:200]
+            raise UsageError(
+                f"checkpoint {checkpoint}: does not fit this model and optimizer ({first})"
+            ) from None
 
 
 def _fault_point() -> None:

@@ -62,7 +62,9 @@ def train(
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
-    epochs: int | None = typer.Option(None, "--epochs", help="Override train.epochs."),
+    epochs: int | None = typer.Option(
+        None, "--epochs", help="Override train.epochs (the total, also with --resume)."
+    ),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
     resume: Path | None = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."
@@ -131,7 +133,9 @@ def launch(
     ),
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
-    epochs: int | None = typer.Option(None, "--epochs", help="Override train.epochs."),
+    epochs: int | None = typer.Option(
+        None, "--epochs", help="Override train.epochs (the total, also with --resume)."
+    ),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
     resume: Path | None = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint."
@@ -272,7 +276,7 @@ def plot(
         help="Folder for the PNGs (default RUN_DIR/plots for one run, ./plots for several).",
     ),
     metric: list[str] | None = typer.Option(
-        None, "--metric", help="loss, accuracy or examples_per_sec (repeatable)."
+        None, "--metric", help="loss, accuracy, step_loss or examples_per_sec (repeatable)."
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""
@@ -284,7 +288,26 @@ def plot(
 
 
 def main() -> None:
-    app()
+    """The console script: argument errors too end in one `error:` line and exit code 2."""
+    try:  # typer >= 0.25 carries its own copy of click
+        from typer._click.exceptions import NoArgsIsHelpError
+        from typer._click.exceptions import UsageError as ArgumentError
+    except ImportError:
+        from click.exceptions import NoArgsIsHelpError
+        from click.exceptions import UsageError as ArgumentError
+
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError:
+        app(["--help"], standalone_mode=False)
+        sys.exit(2)
+    except ArgumentError as exc:  # unknown option, missing argument, bad value
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # Ctrl-C outside training's own handling
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

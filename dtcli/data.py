@@ -207,6 +207,14 @@ def _idx_folder(cfg: DataConfig) -> Path:
     for prefix in ("train", "t10k"):
         if _find_idx(folder, prefix, "images") and _find_idx(folder, prefix, "labels"):
             return folder
+    for prefix in ("train", "t10k"):
+        for kind, other in (("images", "labels"), ("labels", "images")):
+            found = _find_idx(folder, prefix, kind)
+            if found:
+                raise UsageError(
+                    f"recipe key 'data.path': {found.name} in {folder} has no "
+                    f"{prefix}-{other}-idx*-ubyte[.gz] beside it"
+                )
     raise UsageError(
         f"recipe key 'data.path': no IDX files (train-*-idx*-ubyte[.gz] or t10k-*) in {folder}"
     )

@@ -158,7 +158,8 @@ def _configure(tf: Any, parsed: DeviceSpec, spec: str, wanted: int | None, key: 
     try:
         dtensor.initialize_accelerator_system("TPU")
     except Exception as exc:  # noqa: BLE001 - TPU init raises many types
-        raise UsageError(f"{key} = {spec!r}: could not start the TPU system ({exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{key} = {spec!r}: could not start the TPU system ({first})") from None
     return Devices("TPU", len(tf.config.list_logical_devices("TPU")))
 
 

@@ -19,14 +19,13 @@ from dtcli.recipe import Recipe
 
 
 def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
-    import tensorflow as tf
-
     from dtcli import devices as devices_lib
     from dtcli import models
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
+    tf = devices_lib.import_tensorflow()
     devices_lib.configure("cpu", None)
     meta = ckpt_lib.read_meta(checkpoint)
     input_shape = tuple(meta["input_shape"])
@@ -60,6 +59,11 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
                 "num_classes": num_classes,
                 "trained_on_mesh": meta["mesh"],
                 "note": "plain tensors on one device; the DTensor layouts of training are not kept",
+                "inputs": (
+                    "float32 of shape [batch, *input_shape], preprocessed as in training: "
+                    "pixel values scaled to [0, 1]"
+                    + (", images flattened" if recipe.data.flatten else "")
+                ),
             },
             indent=1,
         )

@@ -309,7 +309,8 @@ def _supervise(
     """
     from dtcli import train as train_lib
 
-    bar = _LaunchBar(console) if progress else None
+    # Event lines are still consumed (not relayed) when the launcher's stderr is no terminal.
+    bar = _LaunchBar(console) if progress and console.is_terminal else None
     open_streams = 2 * len(procs)
     last_error: dict[int, str] = {}
     failed: tuple[int, int, str] | None = None

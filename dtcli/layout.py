@@ -96,6 +96,18 @@ def plan_weights(
     return plans
 
 
+def idle_axes(axes: dict[str, int], plans: list[WeightPlan], data_axis: str) -> list[str]:
+    """Mesh axes of size > 1 that neither the batch nor any weight is split along: the devices
+    along them all do the same work (most often a typo or a rule that matched nothing)."""
+    used = {data_axis} | {a for p in plans for a in p.spec}
+    return [a for a, size in axes.items() if size > 1 and a not in used]
+
+
+def is_sharded(plan: WeightPlan, axes: dict[str, int]) -> bool:
+    """Whether the weight is really split: along at least one axis of size > 1."""
+    return any(a != UNSHARDED and axes[a] > 1 for a in plan.spec)
+
+
 def unused_rules(rules: dict[str, list[str]], plans: list[WeightPlan]) -> list[str]:
     used = {p.rule for p in plans}
     return [r for r in rules if r not in used]

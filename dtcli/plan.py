@@ -162,7 +162,7 @@ def render(report: Report, console: Any) -> None:
     for col in ("shape", "sharding", "shard", "bytes"):
         table.add_column(col, justify="left" if col == "sharding" else "right", no_wrap=True)
     for p in report.plans:
-        sharded = any(s != UNSHARDED for s in p.spec)
+        sharded = layout_lib.is_sharded(p, axes)
         table.add_row(
             p.weight.path,
             escape(p.rule) if p.rule is not None else "[dim]replicated: no rule[/]",
@@ -200,6 +200,12 @@ def render(report: Report, console: Any) -> None:
     for rule in report.unused_rules:
         console.print(
             f"[yellow]warning:[/] rule layouts.rules.{rule} matched no weight", highlight=False
+        )
+    for axis in layout_lib.idle_axes(axes, report.plans, report.data_axis):
+        console.print(
+            f"[yellow]warning:[/] mesh axis '{axis}' (size {axes[axis]}) splits no weight and "
+            "not the batch: its devices all do the same work",
+            highlight=False,
         )
 
 

@@ -380,8 +380,16 @@ def _with_layout_axes(axes: dict[str, int], layouts: Any) -> dict[str, int]:
     else:
         named.append("batch")
     out = dict(axes)
-    for axis in named:
-        if axis and axis != UNSHARDED and axis not in out:
+    used = [a for a in named if a and a != UNSHARDED]
+    for axis in axes:
+        close = difflib.get_close_matches(axis, [a for a in used if a not in axes], n=1)
+        if axis not in used and close:
+            raise UsageError(
+                f"--mesh: axis '{axis}' is named by no layout rule nor layouts.data_axis "
+                f"(did you mean '{close[0]}'?)"
+            )
+    for axis in used:
+        if axis not in out:
             out[axis] = 1
     return out
 

@@ -245,7 +245,24 @@ def resume_recipe(
     path = Path(run_dir) / RECIPE_FILE
     if not path.is_file():
         raise UsageError(f"--resume {str(run_dir)!r}: not a run directory (no {RECIPE_FILE})")
-    return recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
+    before = recipe_lib.load(path)
+    after = recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
+    # What the checkpoint's state depends on stays; the mesh, devices, layouts, data source and
+    # schedule may change. (SGD with and without momentum keep different optimizer slots.)
+    fixed = {
+        "seed": lambda r: r.seed,
+        "model": lambda r: r.model,
+        "optimizer.name": lambda r: r.optimizer.name,
+        "optimizer.momentum": lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0,
+        "data.batch_size": lambda r: r.data.batch_size,
+    }
+    for key, value in fixed.items():
+        if value(before) != value(after):
+            raise UsageError(
+                f"--set {key}: a run resumes with the {key} it was trained with; train a new "
+                "run (--out) to change it"
+            )
+    return after
 
 
 def train(
@@ -333,6 +350,12 @@ def train(
             f"step {meta['step']})",
             highlight=False,
         )
+        if start.epoch >= recipe.train.epochs:
+            console.print(
+                f"[yellow]nothing to train:[/] the run has {start.epoch} epochs and "
+                f"train.epochs is {recipe.train.epochs}; --epochs is the total, give more",
+                highlight=False,
+            )
     created = not run_dir.exists()
     if chief:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -650,7 +673,8 @@ class _Bar:
 
     def __init__(self, console: Any, enabled: bool):
         self.console = console
-        self.enabled = enabled
+        # A live bar only on a terminal: piped to a file it would leave a blank line per epoch.
+        self.enabled = enabled and console.is_terminal
         self.progress = None
         self.events = enabled and os.environ.get(PROGRESS_EVENTS_ENV) == "1"
         self._last = 0.0
@@ -712,7 +736,7 @@ def progress_columns(title: str) -> list[Any]:
 
 def _describe(console: Any, session: Session, run_dir: Path) -> None:
     r = session.recipe
-    sharded = sum(1 for p in session.plans if any(s != "unsharded" for s in p.spec))
+    sharded = sum(1 for p in session.plans if layout_lib.is_sharded(p, session.axes))
     d = session.devices
     over = d.text if d.clients == 1 else f"{d.text} ({d.clients} clients x {d.local_count})"
     console.print(
@@ -725,6 +749,12 @@ def _describe(console: Any, session: Session, run_dir: Path) -> None:
         console.print(
             f"[yellow]warning:[/] recipe key 'layouts.rules.{rule}' matched no weight "
             "(`dtcli plan` lists the weight paths)",
+            highlight=False,
+        )
+    for axis in layout_lib.idle_axes(session.axes, session.plans, r.layouts.data_axis):
+        console.print(
+            f"[yellow]warning:[/] mesh axis '{axis}' (size {session.axes[axis]}) splits no "
+            "weight and not the batch: its devices all do the same work",
             highlight=False,
         )
 

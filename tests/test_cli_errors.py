@@ -72,6 +72,11 @@ CASES = {
         "--devices: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got 'gpu:x'",
     ),
     "bad mesh arg": ([QUICK, "--mesh", "batch:4"], "--mesh 'batch:4': expected AXIS=SIZE"),
+    "mesh axis typo": (
+        [QUICK, "--mesh", "batch=4,modle=2"],
+        "--mesh: axis 'modle' is named by no layout rule nor layouts.data_axis (did you mean 'model'?)",
+    ),
+    "unknown option": ([QUICK, "--epoch", "2"], "No such option: --epoch"),
 }
 
 

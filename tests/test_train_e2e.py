@@ -174,6 +174,22 @@ def test_resume_gives_the_same_run_core(tmp_path):
     assert max_rel(final_weights(split), final_weights(whole)) <= 1e-5
 
 
+@pytest.mark.parametrize(
+    "change", ["optimizer.name=sgd", "data.batch_size=32", "model.layers=[{Dense: {units: 10}}]"]
+)
+def test_resume_refuses_what_the_checkpoint_depends_on(run2, tmp_path, change):
+    split = tmp_path / "split"
+    shutil.copytree(run2, split)
+    proc = train("--resume", split, "--epochs", "3", "--set", change, ok=False)
+    key = change.split("=")[0].split(".")[0] if change.startswith("model") else change.split("=")[0]
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --set {key}: a run resumes with the {key} it was trained with; train a new run "
+        "(--out) to change it"
+    ]
+    assert sorted(os.listdir(split)) == sorted(os.listdir(run2))  # nothing touched
+
+
 def test_resume_onto_another_mesh(run2, run4, whole_weights, tmp_path):
     split = tmp_path / "split"
     shutil.copytree(run2, split)
