@@ -147,7 +147,7 @@ def launch(
     from dtcli import launch as launch_lib
 
     _check_timeout(connect_timeout)
-    run_dir = launch_lib.launch(
+    launch_plan = launch_lib.plan(
         recipe,
         clients,
         devices_per_client,
@@ -158,9 +158,8 @@ def launch(
         resume=resume,
         port=port,
         connect_timeout=connect_timeout,
-        progress=not no_progress,
     )
-    print(run_dir)
+    print(launch_lib.run(launch_plan, progress=not no_progress))
 
 
 @app.command("eval")

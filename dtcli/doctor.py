@@ -161,12 +161,13 @@ def _probe_recipe(api: str, optimizer: str, devices: devices_lib.Devices) -> Any
     from dtcli import recipe as recipe_lib
 
     model = (
-        {"api": "keras", "layers": [{"Dense": {"units": 32, "activation": "relu"}}, "Dense"]}
+        {
+            "api": "keras",
+            "layers": [{"Dense": {"units": 32, "activation": "relu"}}, {"Dense": {"units": 10}}],
+        }
         if api == "keras"
         else {"api": "core", "hidden": [32]}
     )
-    if api == "keras":
-        model["layers"][1] = {"Dense": {"units": 10}}
     return recipe_lib.from_mapping(
         {
             "name": "doctor",

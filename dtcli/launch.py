@@ -182,35 +182,6 @@ def _ports(clients: int, first: int | None) -> list[int]:
             s.close()
 
 
-def launch(
-    recipe: Path | None,
-    clients: int,
-    devices_per_client: str | None = None,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    epochs: int | None = None,
-    out: Path | None = None,
-    resume: Path | None = None,
-    port: int | None = None,
-    connect_timeout: float = 60.0,
-    progress: bool = True,
-) -> Path:
-    """Start the clients, relay their output, and return the run directory once all succeed."""
-    p = plan(
-        recipe,
-        clients,
-        devices_per_client,
-        sets,
-        mesh,
-        epochs,
-        out,
-        resume,
-        port,
-        connect_timeout,
-    )
-    return run(p, progress)
-
-
 def _command(p: LaunchPlan, client: int, progress: bool) -> list[str]:
     cmd = [sys.executable, "-m", "dtcli.cli", "train", *p.train_args]
     cmd += ["--client-id", str(client), "--jobs", ",".join(p.jobs)]

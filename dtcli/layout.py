@@ -113,6 +113,20 @@ def unused_rules(rules: dict[str, list[str]], plans: list[WeightPlan]) -> list[s
     return [r for r in rules if r not in used]
 
 
+def layout_warnings(
+    rules: dict[str, list[str]], plans: list[WeightPlan], axes: dict[str, int], data_axis: str
+) -> list[str]:
+    """What in a layout is legal but most likely not meant (`train` and `plan` both print it)."""
+    return [
+        f"recipe key 'layouts.rules.{rule}' matched no weight (`dtcli plan` lists the weight paths)"
+        for rule in unused_rules(rules, plans)
+    ] + [
+        f"mesh axis '{axis}' (size {axes[axis]}) splits no weight and not the batch: its "
+        "devices all do the same work"
+        for axis in idle_axes(axes, plans, data_axis)
+    ]
+
+
 def to_layout(spec: tuple[str, ...] | list[str], mesh: Any) -> Any:
     from tensorflow.experimental import dtensor
 

@@ -47,11 +47,15 @@ class Report:
     devices: str
     data_axis: str
     plans: list[layout_lib.WeightPlan]
-    unused_rules: list[str]
+    rules: dict[str, list[str]]  # the recipe's layout rules, in order
     slots: int  # optimizer slots per trainable weight
     batch_size: int
     input_shape: tuple[int, ...]
     num_classes: int
+
+    @property
+    def unused_rules(self) -> list[str]:
+        return layout_lib.unused_rules(self.rules, self.plans)
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Bytes on one device, sharded as planned and fully replicated."""
@@ -127,7 +131,7 @@ def make_report(recipe: Recipe) -> Report:
         devices.text,
         data_axis,
         plans,
-        layout_lib.unused_rules(recipe.layouts.rules, plans),
+        recipe.layouts.rules,
         slots_per_weight(recipe.optimizer),
         recipe.data.batch_size,
         input_shape,
@@ -197,16 +201,8 @@ def render(report: Report, console: Any) -> None:
         f"logits {_shape(b['logits_per_device_shape'])} per device",
         highlight=False,
     )
-    for rule in report.unused_rules:
-        console.print(
-            f"[yellow]warning:[/] rule layouts.rules.{rule} matched no weight", highlight=False
-        )
-    for axis in layout_lib.idle_axes(axes, report.plans, report.data_axis):
-        console.print(
-            f"[yellow]warning:[/] mesh axis '{axis}' (size {axes[axis]}) splits no weight and "
-            "not the batch: its devices all do the same work",
-            highlight=False,
-        )
+    for warning in layout_lib.layout_warnings(report.rules, report.plans, axes, report.data_axis):
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 def _shape(shape: Any) -> str:

@@ -735,6 +735,8 @@ def progress_columns(title: str) -> list[Any]:
 
 
 def _describe(console: Any, session: Session, run_dir: Path) -> None:
+    from rich.markup import escape
+
     r = session.recipe
     sharded = sum(1 for p in session.plans if layout_lib.is_sharded(p, session.axes))
     d = session.devices
@@ -745,18 +747,10 @@ def _describe(console: Any, session: Session, run_dir: Path) -> None:
         f"data: {session.data.description}; run directory: {run_dir}",
         highlight=False,
     )
-    for rule in layout_lib.unused_rules(r.layouts.rules, session.plans):
-        console.print(
-            f"[yellow]warning:[/] recipe key 'layouts.rules.{rule}' matched no weight "
-            "(`dtcli plan` lists the weight paths)",
-            highlight=False,
-        )
-    for axis in layout_lib.idle_axes(session.axes, session.plans, r.layouts.data_axis):
-        console.print(
-            f"[yellow]warning:[/] mesh axis '{axis}' (size {session.axes[axis]}) splits no "
-            "weight and not the batch: its devices all do the same work",
-            highlight=False,
-        )
+    for warning in layout_lib.layout_warnings(
+        r.layouts.rules, session.plans, session.axes, r.layouts.data_axis
+    ):
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 def _summary(console: Any, history: list[dict[str, Any]], run_dir: Path) -> None:

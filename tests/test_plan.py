@@ -28,7 +28,7 @@ def mlp_report(axes: dict[str, int], slots: int = 2) -> Report:
         r"nothing\.here": ["model"],
     }
     plans = plan_weights(rules, weights, axes)
-    return Report("mlp", axes, "cpu:8", "batch", plans, [r"nothing\.here"], slots, 128, (784,), 10)
+    return Report("mlp", axes, "cpu:8", "batch", plans, rules, slots, 128, (784,), 10)
 
 
 def test_per_device_bytes_are_the_shard_arithmetic():
@@ -38,6 +38,7 @@ def test_per_device_bytes_are_the_shard_arithmetic():
     assert rows["dense_0.kernel"]["bytes_per_device"] == 784 * 16 * 4
     assert rows["dense_1.kernel"]["shard_shape"] == [16, 10]
     assert rows["dense_1.bias"]["rule"] is None and rows["dense_1.bias"]["shard_shape"] == [10]
+    assert report.to_json()["unused_rules"] == [r"nothing\.here"]
     totals = report.totals()
     replicated = (784 * 128 + 128 + 128 * 10 + 10) * 4
     per_device = (784 * 16 + 16 + 16 * 10 + 10) * 4
