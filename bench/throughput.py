@@ -136,10 +136,12 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the result to this file")
     args = parser.parse_args()
 
+    import dataclasses
+
     from dtcli import data as data_lib
     from dtcli import models
     from dtcli import recipe as recipe_lib
-    from dtcli import train as train_lib
+    from dtcli import session as session_lib
 
     sets = []
     if args.synthetic or not MNIST.is_dir():
@@ -149,12 +151,12 @@ def main() -> None:
     recipe = recipe_lib.load(args.recipe, sets, mesh=args.mesh)
     if recipe.model.api != "core":
         raise SystemExit("bench/throughput.py compares Core-API MLP recipes (model.api: core)")
-    session = train_lib.prepare(recipe)
+    session = session_lib.prepare(recipe)
     recipe = session.recipe
     batch = recipe.data.batch_size
     full = len(session.data.train) // batch
     # Whole batches only, so both loops do the same arithmetic on the same examples.
-    session = train_lib.dataclasses.replace(
+    session = dataclasses.replace(
         session, recipe=recipe_lib.replace(recipe, train=_steps(recipe.train, full))
     )
     initial = models.host_weights(session.model, session.mesh)
@@ -162,10 +164,10 @@ def main() -> None:
     hand_epoch = hand_written_loop(
         session.mesh, recipe.layouts.data_axis, initial, widths, recipe.optimizer.learning_rate
     )
-    train_step, _ = train_lib.make_steps(session)
+    train_step, _ = session_lib.make_steps(session)
 
     def dtcli_epoch(epoch: int) -> tuple[float, float]:
-        state = train_lib.run_epoch(session, train_step, train_lib.EpochState(epoch))
+        state = session_lib.run_epoch(session, train_step, session_lib.EpochState(epoch))
         return state.count / state.seconds, state.loss_sum / state.count
 
     def hand(epoch: int) -> tuple[float, float]:

@@ -1,13 +1,17 @@
-"""Checkpoints that appear only once complete, and describe the run that wrote them.
+"""Checkpoints that appear only once complete, verify themselves, and describe their run.
 
 A checkpoint is written into a hidden temporary folder and renamed into place
-(`checkpoints/ckpt-00000120/`): a crash or kill mid-save leaves the previous checkpoint as the
-latest complete one. Each holds `meta.json` (step, epoch, mesh, versions, the resolved recipe), so
-`dtcli eval` and `--resume` need nothing but the path.
+(`checkpoints/ckpt-00000120/`): a crash, kill or full disk mid-save leaves the previous checkpoint
+as the latest complete one. Its `meta.json` (written last, before the rename) holds the step,
+epoch, mesh, versions and resolved recipe, so `dtcli eval` and `--resume` need nothing but the
+path, and the size and SHA-256 of every file TensorFlow wrote, so a checkpoint damaged later
+(truncated, overwritten, a garbled meta.json) is named as damaged instead of failing to restore.
+Where checkpoint folders live is the run directory's business (dtcli.rundir).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,27 +20,102 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CHECKPOINTS = "checkpoints"
+from dtcli.errors import TrainingError, UsageError
+
 META = "meta.json"
+# Bumped when meta.json changes incompatibly; 2: per-file sizes and checksums.
+FORMAT = 2
+REQUIRED = ("format", "step", "epoch", "epoch_state", "mesh", "recipe", "weights", "files")
 _NAME = re.compile(r"ckpt-(\d+)$")
 
 
-def complete(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    folder = Path(run_dir) / CHECKPOINTS
+class DamagedCheckpoint(UsageError):
+    """A checkpoint whose files are not what was written (one line, exit code 2)."""
+
+
+def complete(folder: Path) -> list[Path]:
+    """Complete checkpoints in a checkpoints folder, oldest first (not yet verified)."""
+    folder = Path(folder)
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / META).is_file()]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
-def latest(run_dir: Path) -> Path | None:
-    found = complete(run_dir)
-    return found[-1] if found else None
+def looks_like_checkpoint(path: Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and ((path / META).exists() or bool(_NAME.match(path.name)))
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    return {
+        p.name: {"size": p.stat().st_size, "sha256": _digest(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != META
+    }
 
 
 def read_meta(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / META).read_text())
+    """meta.json of a checkpoint, checked to be whole; DamagedCheckpoint otherwise."""
+    checkpoint = Path(checkpoint)
+    try:
+        text = (checkpoint / META).read_text()
+    except FileNotFoundError:
+        raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: it has no {META}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise DamagedCheckpoint(
+            f"checkpoint {checkpoint} is damaged: cannot read {META} ({reason})"
+        ) from None
+    try:
+        meta = json.loads(text)
+    except ValueError:
+        raise DamagedCheckpoint(
+            f"checkpoint {checkpoint} is damaged: {META} is not complete JSON"
+        ) from None
+    if not isinstance(meta, dict):
+        raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: {META} is not an object")
+    missing = [k for k in REQUIRED if k not in meta]
+    if missing:
+        raise DamagedCheckpoint(
+            f"checkpoint {checkpoint} is damaged or from an older dtcli: {META} lacks "
+            f"{', '.join(missing)}"
+        )
+    if meta["format"] != FORMAT or not isinstance(meta["files"], dict) or not meta["files"]:
+        raise DamagedCheckpoint(
+            f"checkpoint {checkpoint}: {META} format {meta['format']!r} is not the {FORMAT} "
+            "this dtcli reads"
+        )
+    return meta
+
+
+def verify(checkpoint: Path) -> dict[str, Any]:
+    """Check every file against the sizes and checksums in meta.json; returns the meta."""
+    checkpoint = Path(checkpoint)
+    meta = read_meta(checkpoint)
+    for name, want in meta["files"].items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: {name} is missing")
+        size = path.stat().st_size
+        if size != want.get("size"):
+            raise DamagedCheckpoint(
+                f"checkpoint {checkpoint} is damaged: {name} has {size} bytes, "
+                f"{want.get('size')} were written"
+            )
+        if _digest(path) != want.get("sha256"):
+            raise DamagedCheckpoint(
+                f"checkpoint {checkpoint} is damaged: {name} does not match its checksum"
+            )
+    return meta
 
 
 class Checkpointer:
@@ -50,7 +129,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        run_dir: Path,
+        folder: Path,
         objects: dict[str, Any],
         keep: int,
         chief: bool = True,
@@ -59,13 +138,17 @@ class Checkpointer:
     ):
         import tensorflow as tf
 
-        self.folder = Path(run_dir) / CHECKPOINTS
+        self.folder = Path(folder)
         self.keep = keep
         self.ckpt = tf.train.Checkpoint(**objects)
         self.chief = chief
         self.barrier = barrier
         # Every client must name the same temporary folder: the pid of one process will not do.
         self.tag = tag or str(os.getpid())
+
+    def latest(self) -> Path | None:
+        found = complete(self.folder)
+        return found[-1] if found else None
 
     def clean(self) -> None:
         """Remove what an interrupted save left (never visible as a checkpoint)."""
@@ -74,24 +157,41 @@ class Checkpointer:
                 shutil.rmtree(leftover, ignore_errors=True)
 
     def save(self, step: int, meta: dict[str, Any]) -> Path:
+        """Write a checkpoint; a failure (a full disk) leaves the earlier ones as they were."""
+        import tensorflow as tf
+
         final = self.folder / f"ckpt-{step:08d}"
         tmp = self.folder / f".tmp-ckpt-{step:08d}-{self.tag}"
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if self.barrier is None:
-            # With several writers none may delete what another has begun to write; their tag
-            # is new for each run, so the folder cannot hold an earlier attempt anyway.
-            shutil.rmtree(tmp, ignore_errors=True)
-        self.ckpt.write(str(tmp / "ckpt"))
-        if self.barrier is not None:
-            self.barrier()  # every client's shards are on disk
-        _fault_point()
-        if not self.chief:
-            return final
-        (tmp / META).write_text(json.dumps(meta, indent=1))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if self.barrier is None:
+                # With several writers none may delete what another has begun to write; their
+                # tag is new for each run, so the folder cannot hold an earlier attempt anyway.
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.ckpt.write(str(tmp / "ckpt"))
+            if self.barrier is not None:
+                self.barrier()  # every client's shards are on disk
+            _fault_point()
+            if not self.chief:
+                return final
+            meta = {**meta, "format": FORMAT, "files": _manifest(tmp)}
+            with (tmp / META).open("w") as f:
+                f.write(json.dumps(meta, indent=1))
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, tf.errors.OpError) as exc:
+            if self.barrier is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            reason = exc.strerror if isinstance(exc, OSError) else _first_line(exc)
+            previous = self.latest()
+            raise TrainingError(
+                f"saving checkpoint {final} failed ({reason}); the run stopped; earlier "
+                f"checkpoints are intact, the last: {previous or 'none'}"
+            ) from None
         if final.exists():  # the same step saved again (e.g. interrupted right after a save)
             shutil.rmtree(final)
         os.rename(tmp, final)  # atomic: the checkpoint is visible only once complete
-        for old in complete(self.folder.parent)[: -self.keep]:
+        for old in complete(self.folder)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
@@ -104,8 +204,6 @@ class Checkpointer:
         """
         import tensorflow as tf
 
-        from dtcli.errors import UsageError
-
         if weights is not None:
             check_weights(checkpoint, weights)
         try:
@@ -115,10 +213,27 @@ class Checkpointer:
             else:
                 status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
-            first = (getattr(exc, "message", None) or str(exc)).strip().splitlines()[0][:200]
             raise UsageError(
-                f"checkpoint {checkpoint}: does not fit this model and optimizer ({first})"
+                f"checkpoint {checkpoint}: does not fit this model and optimizer "
+                f"({_first_line(exc)})"
             ) from None
+
+
+# What the OS said, found inside TensorFlow's multi-line "N root error(s) found" messages.
+_OS_REASONS = re.compile(
+    r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
+    r"|Input/output error|File too large|No such file or directory"
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (getattr(exc, "message", None) or str(exc)).strip()
+    found = _OS_REASONS.search(text)
+    if found:
+        return found.group(0)
+    lines = [s.strip() for s in text.splitlines() if s.strip()]
+    lines = [s for s in lines if "root error(s) found" not in s and not s.startswith("(")] or lines
+    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 def _fault_point() -> None:
@@ -132,8 +247,6 @@ def _fault_point() -> None:
 
 
 def check_weights(checkpoint: Path, weights: list) -> None:
-    from dtcli.errors import UsageError
-
     saved = read_meta(checkpoint).get("weights", {})
     live = {w.path: list(w.shape) for w in weights}
     for path, shape in live.items():

@@ -1,16 +1,15 @@
 """The command line: each command loads its input and calls one library function.
 
 TensorFlow is imported only inside commands that need it, so `dtcli --help` and `dtcli plot`
-answer at once.
+answer at once. Every failure ends in one `error:` line: bad input exits 2, a fault after training
+started 1, Ctrl-C 130; `--debug` (or DTCLI_DEBUG=1) adds the full traceback.
 """
 
 from __future__ import annotations
 
-import functools
+import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -22,20 +21,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+DEBUG_ENV = "DTCLI_DEBUG"
 
 
-def _handled(fn: Callable) -> Callable:
-    """Bad input -> `error: ...` on one line and exit 2; training failures exit 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (UsageError, TrainingError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(exc.exit_code) from None
-
-    return wrapper
+@app.callback()
+def _options(
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="On any error, print the full traceback too (for bug reports; also DTCLI_DEBUG=1). "
+        "May stand anywhere on the command line.",
+    ),
+) -> None:
+    """Train neural networks on TensorFlow DTensor meshes from a YAML recipe."""
 
 
 SetOption = typer.Option(
@@ -56,7 +54,6 @@ def _check_timeout(seconds: float) -> None:
 
 
 @app.command()
-@_handled
 def train(
     recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
     sets: list[str] | None = SetOption,
@@ -115,11 +112,11 @@ def train(
     except train_lib.Interrupted as exc:
         print(str(exc), file=sys.stderr)
         raise typer.Exit(130) from None
-    print(result.run_dir)
+    if os.environ.get("DTCLI_LAUNCHED") != "1" and (cluster is None or cluster.is_chief):
+        print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
 
 
 @app.command()
-@_handled
 def launch(
     recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
     clients: int = typer.Option(..., "--clients", help="How many client processes to start."),
@@ -163,7 +160,6 @@ def launch(
 
 
 @app.command("eval")
-@_handled
 def eval_(
     checkpoint: Path = typer.Argument(
         ..., help="A run directory (its latest checkpoint) or one checkpoint folder."
@@ -208,7 +204,6 @@ def eval_(
 
 
 @app.command()
-@_handled
 def export(
     checkpoint: Path = typer.Argument(..., help="A run directory or one checkpoint folder."),
     out: Path = typer.Option(..., "--out", help="Folder for the SavedModel."),
@@ -222,7 +217,6 @@ def export(
 
 
 @app.command()
-@_handled
 def plan(
     recipe: Path = typer.Argument(..., help="The recipe YAML file."),
     sets: list[str] | None = SetOption,
@@ -246,7 +240,6 @@ def plan(
 
 
 @app.command()
-@_handled
 def doctor(
     devices: str | None = typer.Option(
         None, "--devices", help="Devices to probe (default: gpu if any, else cpu:8)."
@@ -266,7 +259,6 @@ def doctor(
 
 
 @app.command()
-@_handled
 def plot(
     run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
     out: Path | None = typer.Option(
@@ -286,8 +278,31 @@ def plot(
         print(path)
 
 
-def main() -> None:
-    """The console script: argument errors too end in one `error:` line and exit code 2."""
+def _quiet_python_warnings() -> None:
+    """Library warnings (tf-keras, TensorFlow's Python logger) are for --debug; the user sees
+    dtcli's own lines."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (getattr(exc, "message", None) or str(exc)).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run one command line in this process and return its exit code (main() exits with it).
+
+    No traceback reaches the user without --debug: bad input is one `error:` line and exit 2,
+    a fault after training started (a full disk, a non-finite loss) one line and exit 1, any
+    other exception (a bug, an error in user model code) one line naming its type and exit 1.
+    """
+    import traceback
+
     try:  # typer >= 0.25 carries its own copy of click
         from typer._click.exceptions import NoArgsIsHelpError
         from typer._click.exceptions import UsageError as ArgumentError
@@ -295,18 +310,47 @@ def main() -> None:
         from click.exceptions import NoArgsIsHelpError
         from click.exceptions import UsageError as ArgumentError
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0") or "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    if debug:
+        # TensorFlow is not imported yet: its native errors and warnings are shown too.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    else:
+        _quiet_python_warnings()
+
+    def fail(message: str, code: int) -> int:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {message}", file=sys.stderr)
+        return code
+
     try:
-        code = app(standalone_mode=False)
+        code = app(args, standalone_mode=False, prog_name="dtcli")
     except NoArgsIsHelpError:
-        app(["--help"], standalone_mode=False)
-        sys.exit(2)
+        app(["--help"], standalone_mode=False, prog_name="dtcli")
+        return 2
     except ArgumentError as exc:  # unknown option, missing argument, bad value
-        print(f"error: {exc.format_message()}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except typer.Abort:  # Ctrl-C outside training's own handling
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+        return fail(exc.format_message().replace("\n", " "), exc.exit_code)
+    except (UsageError, TrainingError) as exc:
+        return fail(str(exc), exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside training's own handling
+        return fail("interrupted", 130)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        detail = _first_line(exc)
+        return fail(
+            f"{type(exc).__name__}{': ' + detail if detail else ''} "
+            "(unexpected; run again with --debug for the traceback)",
+            1,
+        )
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    """The console script."""
+    sys.exit(run())
 
 
 if __name__ == "__main__":

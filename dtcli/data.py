@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,21 @@ def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> D
     return Dataset(_shape(ds.train, cfg), _shape(ds.eval, cfg), ds.num_classes, ds.description)
 
 
+def check_batch_fits(cfg: DataConfig, dataset: Dataset) -> None:
+    """Refuse a batch larger than the training split (every step would be mostly padding).
+
+    The recipe check (recipe._check_data) catches this already where the training count is
+    known without reading files (synthetic, embedded, ranges); this is for the rest, right after
+    `load` with the train split (IDX files without a train_range, TFDS splits).
+    """
+    examples = len(dataset.train)
+    if cfg.batch_size > examples:
+        raise UsageError(
+            f"recipe key 'data.batch_size': {cfg.batch_size} is more than the {examples} "
+            f"training examples of {dataset.description}; use a batch of at most {examples}"
+        )
+
+
 def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
     """(input shape the model sees, class count) without loading the examples (for `dtcli plan`).
 
@@ -75,7 +91,7 @@ def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
         labels = [_find_idx(folder, p, "labels") for p in ("train", "t10k")]
         header = _idx_header(next(p for p in images if p is not None))
         example = tuple(header[1:])
-        classes = max(int(read_idx(p).max()) + 1 for p in labels if p is not None)
+        classes = max(int(_read_labels(p).max()) + 1 for p in labels if p is not None)
     elif cfg.source == "tfds":
         info = _tfds_builder(cfg).info
         example = tuple(int(d) for d in info.features["image"].shape)
@@ -163,24 +179,67 @@ def _idx_dims(raw: bytes, path: Path) -> list[int]:
     return [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
 
 
+def _unreadable(path: Path, exc: BaseException) -> UsageError:
+    """A file that cannot be read or decompressed, in one line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        why = exc.strerror
+    else:
+        text = str(exc).strip()
+        why = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    if isinstance(exc, EOFError):
+        why = "the compressed file is truncated"
+    return UsageError(f"recipe key 'data.path': cannot read {path} ({why})")
+
+
+# What reading a missing, unreadable, corrupt or truncated (gzipped) file raises.
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
 def _idx_header(path: Path) -> list[int]:
     """The dims of an IDX file, reading only its header."""
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
-    with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
-        return _idx_dims(f.read(4 + 4 * 255), path)
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
+            head = f.read(4 + 4 * 255)
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc) from None
+    return _idx_dims(head, path)
 
 
 def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file (optionally gzipped) into a numpy array."""
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc) from None
     dims = _idx_dims(raw, path)
     body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * len(dims))
-    if body.size != int(np.prod(dims)):
-        raise UsageError(f"recipe key 'data.path': {path} is truncated")
+    want = int(np.prod(dims, dtype=np.int64))
+    if body.size < want:
+        raise UsageError(
+            f"recipe key 'data.path': {path} is truncated (its header {dims} needs {want} bytes "
+            f"of data, it holds {body.size})"
+        )
+    if body.size > want:
+        raise UsageError(
+            f"recipe key 'data.path': {path} is not a valid IDX file (its header {dims} needs "
+            f"{want} bytes of data, it holds {body.size})"
+        )
     return body.reshape(dims)
+
+
+def _read_labels(path: Path) -> np.ndarray:
+    y = read_idx(path)
+    if y.ndim != 1:
+        raise UsageError(
+            f"recipe key 'data.path': {path} holds {y.ndim}-D data, expected one label per example"
+        )
+    if len(y) == 0:
+        raise UsageError(f"recipe key 'data.path': {path} holds no examples")
+    return y
 
 
 def _find_idx(folder: Path, prefix: str, kind: str) -> Path | None:
@@ -192,7 +251,12 @@ def _idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None
     images, labels = _find_idx(folder, prefix, "images"), _find_idx(folder, prefix, "labels")
     if images is None or labels is None:
         return None
-    x, y = read_idx(images), read_idx(labels)
+    x, y = read_idx(images), _read_labels(labels)
+    if x.ndim < 2:
+        raise UsageError(
+            f"recipe key 'data.path': {images} holds {x.ndim}-D data, expected images "
+            "(examples x height x width)"
+        )
     if len(x) != len(y):
         raise UsageError(
             f"recipe key 'data.path': {images.name} and {labels.name} differ in length"

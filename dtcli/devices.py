@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 # setdefault, so that `dtcli doctor` can see a user forcing it on.
 RUNTIME_ENV = {
     "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION": "0",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
+    # 3: not even TensorFlow's native ERROR lines (a cancelled collective logs several when a
+    # save fails); the Python exception says what went wrong in one line. --debug shows them.
+    "TF_CPP_MIN_LOG_LEVEL": "3",
 }
 
 
@@ -101,11 +103,31 @@ class DeviceSpec:
     count: int | None  # None: as many as the mesh needs (cpu) or all there are (gpu)
 
 
+# The most virtual CPU devices one process may ask for (cpu:N, or a mesh with devices `cpu`).
+# Each virtual CPU is a full TensorFlow device with its own thread pools and buffers: hundreds of
+# them exhaust memory or hang TensorFlow's runtime start. GPUs are checked against the real ones.
+MAX_VIRTUAL_CPUS = 64
+
+
 def parse(spec: str, where: str = "recipe key 'devices'") -> DeviceSpec:
     m = re.fullmatch(r"(cpu|gpu|tpu|auto)(?::(\d+))?", spec.strip().lower())
     if not m or (m.group(1) in ("tpu", "auto") and m.group(2)) or m.group(2) == "0":
         raise UsageError(f"{where}: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got {spec!r}")
-    return DeviceSpec(m.group(1), int(m.group(2)) if m.group(2) else None)
+    kind, digits = m.group(1), m.group(2)
+    if digits is None:
+        return DeviceSpec(kind, None)
+    if digits.startswith("0"):
+        fix = f"write {kind}:{digits.lstrip('0')}" if digits.strip("0") else "the count is >= 1"
+        raise UsageError(f"{where}: the device count in {spec!r} has a leading zero ({fix})")
+    if len(digits) > 9:  # no machine has a billion devices (and int() refuses huge strings)
+        raise UsageError(f"{where}: {spec!r} asks for more devices than any machine has")
+    count = int(digits)
+    if kind == "cpu" and count > MAX_VIRTUAL_CPUS:
+        raise UsageError(
+            f"{where}: {spec.strip()} asks for {count} virtual CPUs; at most {MAX_VIRTUAL_CPUS} "
+            "(MAX_VIRTUAL_CPUS: more exhaust memory or hang TensorFlow's runtime start)"
+        )
+    return DeviceSpec(kind, count)
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
     """dtcli's own train step, per API and optimizer: 1 device against the 2-D mesh."""
     from dtcli import models
     from dtcli import recipe as recipe_lib
-    from dtcli import train as train_lib
+    from dtcli import session as session_lib
 
     count = devices.count
     model_axis = 2 if count % 2 == 0 else 1
@@ -209,9 +209,11 @@ def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
             recipe = _probe_recipe(api, optimizer, devices)
             results = {}
             for axes, use in (({"batch": 1, "model": 1}, 1), (multi, count)):
-                session = train_lib.prepare(recipe_lib.replace(recipe, mesh=axes), use_devices=use)
+                session = session_lib.prepare(
+                    recipe_lib.replace(recipe, mesh=axes), use_devices=use
+                )
                 start = models.host_weights(session.model, session.mesh)
-                train_lib.run_steps(session, PROBE_STEPS)
+                session_lib.run_steps(session, PROBE_STEPS)
                 results[use] = (models.host_weights(session.model, session.mesh), start)
             diff = _max_rel(results[count][0], results[1][0])
             # A step that changed nothing would be "mesh invariant" too.

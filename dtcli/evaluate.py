@@ -1,7 +1,7 @@
-"""Evaluating a checkpoint on any mesh, and exporting it as a plain SavedModel.
+"""Evaluating a checkpoint on any mesh.
 
-A run directory describes itself: each checkpoint's meta.json holds the resolved recipe, so both
-need nothing but the path. The model is built on the target mesh first and the checkpoint then
+A run directory describes itself: each checkpoint's meta.json holds the resolved recipe, so eval
+needs nothing but the path. The model is built on the target mesh first and the checkpoint then
 restored into it: TensorFlow relays each saved shard out onto the new layouts.
 """
 
@@ -12,24 +12,18 @@ from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import recipe as recipe_lib
+from dtcli import rundir
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
 
+SPLITS = ("eval", "train")
 
-def find_checkpoint(path: Path) -> Path:
-    """A checkpoint folder, or the latest complete checkpoint of a run directory."""
-    path = Path(path)
-    if (path / ckpt_lib.META).is_file():
-        return path
-    if not path.exists():
-        raise UsageError(f"CHECKPOINT {str(path)!r}: no such file or folder")
-    latest = ckpt_lib.latest(path)
-    if latest is None:
-        raise UsageError(
-            f"CHECKPOINT {str(path)!r}: neither a checkpoint nor a run directory "
-            "with a complete checkpoint"
-        )
-    return latest
+
+def find_checkpoint(path: Path, warn: Any = None) -> Path:
+    """A checkpoint folder (verified), or the newest intact checkpoint of a run directory."""
+    if warn is None:
+        return rundir.find_checkpoint(path, "CHECKPOINT")
+    return rundir.find_checkpoint(path, "CHECKPOINT", warn)
 
 
 def checkpoint_recipe(
@@ -41,8 +35,14 @@ def checkpoint_recipe(
 ) -> Recipe:
     """The recipe stored with a checkpoint, with command-line overrides."""
     raw = ckpt_lib.read_meta(checkpoint)["recipe"]
+    if not isinstance(raw, dict):
+        raise ckpt_lib.DamagedCheckpoint(
+            f"checkpoint {checkpoint} is damaged: its recipe is not a mapping"
+        )
     sets = list(sets)
     if batch_size is not None:
+        if batch_size < 1:
+            raise UsageError(f"--batch-size {batch_size}: expected a positive integer")
         sets.append(f"data.eval_batch_size={batch_size}")
     try:
         return recipe_lib.load(raw, sets, mesh=mesh, devices=devices)
@@ -52,18 +52,18 @@ def checkpoint_recipe(
 
 def evaluate_checkpoint(checkpoint: Path, recipe: Recipe, split: str = "eval") -> dict[str, Any]:
     """Restore `checkpoint` onto `recipe`'s mesh and evaluate it on every example of `split`."""
-    from dtcli import train as train_lib
+    from dtcli import session as session_lib
     from dtcli.mesh import mesh_text
 
-    if split not in ("train", "eval"):
-        raise UsageError(f"--split {split!r}: expected train or eval")
-    session = train_lib.prepare(recipe, splits=(split,) if split == "train" else ("eval",))
-    ckpt = ckpt_lib.Checkpointer(checkpoint.parent.parent, {"model": session.model.module}, keep=1)
-    ckpt.restore(checkpoint, session.model.weights, partial=True)
-    _, eval_step = train_lib.make_steps(session)
-    data = session.data.train if split == "train" else session.data.eval
-    result = train_lib.evaluate(session, eval_step, data)
+    if split not in SPLITS:
+        raise UsageError(f"--split {split!r}: expected eval or train")
     meta = ckpt_lib.read_meta(checkpoint)
+    session = session_lib.prepare(recipe, splits=(split,) if split == "train" else ("eval",))
+    ckpt = ckpt_lib.Checkpointer(checkpoint.parent, {"model": session.model.module}, keep=1)
+    ckpt.restore(checkpoint, session.model.weights, partial=True)
+    _, eval_step = session_lib.make_steps(session)
+    data = session.data.train if split == "train" else session.data.eval
+    result = session_lib.evaluate(session, eval_step, data)
     return {
         **result,
         "split": split,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
+from dtcli import rundir
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
 
@@ -23,16 +24,29 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
     from dtcli import models
 
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    rundir.check_output_folder(out, "--out")
+    if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
-    tf = devices_lib.import_tensorflow()
-    devices_lib.configure("cpu", None)
     meta = ckpt_lib.read_meta(checkpoint)
-    input_shape = tuple(meta["input_shape"])
-    num_classes = int(meta["num_classes"])
+    try:
+        input_shape = tuple(int(d) for d in meta["input_shape"])
+        num_classes = int(meta["num_classes"])
+    except (KeyError, TypeError, ValueError):
+        raise ckpt_lib.DamagedCheckpoint(
+            f"checkpoint {checkpoint} is damaged: meta.json lacks a valid input_shape/num_classes"
+        ) from None
+    # Plain variables on the host's first CPU: no mesh, so no device configuration either.
+    tf = devices_lib.import_tensorflow()
     with tf.device("/CPU:0"):
         model = models.build_plain(recipe.model, input_shape, num_classes)
-        tf.train.Checkpoint(model=model).read(str(checkpoint / "ckpt")).expect_partial()
+        try:
+            tf.train.Checkpoint(model=model).read(str(checkpoint / "ckpt")).expect_partial()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            first = (getattr(exc, "message", None) or str(exc)).strip().splitlines()
+            raise UsageError(
+                f"checkpoint {checkpoint}: does not fit its recipe's model "
+                f"({first[0][:200] if first else type(exc).__name__})"
+            ) from None
 
         class Serving(tf.Module):
             def __init__(self, net: Any):
@@ -48,8 +62,29 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
 
         module = Serving(model)
         tmp = out.with_name(f".{out.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+            _finish(tmp, out, checkpoint, meta, input_shape, num_classes, recipe)
+        except (OSError, tf.errors.OpError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            reason = rundir.os_reason(exc) if isinstance(exc, OSError) else exc.message
+            raise UsageError(
+                f"--out {str(out)!r}: cannot write the SavedModel ({reason})"
+            ) from None
+    return out
+
+
+def _finish(
+    tmp: Path,
+    out: Path,
+    checkpoint: Path,
+    meta: dict[str, Any],
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    recipe: Recipe,
+) -> None:
     (tmp / "dtcli_export.json").write_text(
         json.dumps(
             {
@@ -71,4 +106,3 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
     if out.exists():
         out.rmdir()
     tmp.rename(out)
-    return out

@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
+from dtcli import rundir
 from dtcli.errors import TrainingError, UsageError
 
 LOOPBACK = "127.0.0.1"
+# Set for the clients this launcher starts.
+LAUNCHED_ENV = "DTCLI_LAUNCHED"
 # How long stopped clients get to exit on SIGINT before SIGKILL.
 STOP_GRACE_S = 3.0
 
@@ -77,19 +79,15 @@ def plan(
                 "give no RECIPE and no --out"
             )
         loaded = train_lib.resume_recipe(resume, sets, mesh=mesh, epochs=epochs)
-        if ckpt_lib.latest(resume) is None:
-            raise UsageError(f"--resume {str(resume)!r}: no complete checkpoint to resume from")
+        if rundir.latest_intact(resume, "--resume", _quiet) is None:
+            raise UsageError(f"--resume {str(resume)!r}: no intact checkpoint to resume from")
         run_dir = Path(resume)
     elif recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
     else:
         loaded = recipe_lib.load(recipe, sets, mesh=mesh, epochs=epochs)
-        run_dir = Path(out) if out is not None else train_lib.default_run_dir(loaded)
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise UsageError(
-                f"--out {str(run_dir)!r}: the folder exists and is not empty "
-                "(use --resume to continue a run)"
-            )
+        run_dir = Path(out) if out is not None else rundir.default_path(loaded.name)
+        rundir.check_new(run_dir, "--out")
     devices, gpus = _devices(loaded, clients, devices_per_client)
     train_args: list[str] = []
     if resume is not None:
@@ -199,6 +197,7 @@ def _env(p: LaunchPlan, client: int, progress: bool) -> dict[str, str]:
     for key in (cluster_lib.ENV_JOBS, cluster_lib.ENV_CLIENT_ID):
         env.pop(key, None)  # the command line says who each client is
     env["PYTHONUNBUFFERED"] = "1"
+    env[LAUNCHED_ENV] = "1"  # the launcher prints the run directory, once
     if env.get("DTCLI_TF_LOGS") != "1":
         # When a client dies, every other one logs the same gRPC errors natively, several lines
         # each; the one-line Python error of each client says it all.
@@ -242,7 +241,7 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
                 threading.Thread(target=_pump, args=(client, stream, lines), daemon=True).start()
         console.print(
             f"launch: {p.clients} clients on {','.join(p.jobs)} "
-            f"(pids {', '.join(str(x.pid) for x in procs)}); run directory: {p.run_dir}"
+            f"(pids {', '.join(str(x.pid) for x in procs)})"
         )
         failed = _supervise(procs, lines, console, progress)
     except KeyboardInterrupt:
@@ -365,8 +364,12 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _quiet(message: str) -> None:
+    """The launcher checks quietly; client 0 repeats the check and says what it found."""
+
+
 def _resume_hint(p: LaunchPlan) -> str:
-    latest = ckpt_lib.latest(p.run_dir)
+    latest = rundir.latest_intact(p.run_dir, "--resume", _quiet)
     if latest is None:
         return "no complete checkpoint was written"
     return (

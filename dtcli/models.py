@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from dtcli.errors import UsageError
-from dtcli.layout import WeightInfo, WeightPlan, replicated, to_layout
-from dtcli.recipe import ModelConfig
+from dtcli.layout import WeightInfo, WeightPlan, plan_weights, replicated, to_layout
+from dtcli.recipe import ModelConfig, Recipe
 
 # Attribute paths tf-keras' LayoutMap skips when mapping variables (src/dtensor/layout_map.py).
 _SKIP_ATTRS = (
@@ -44,6 +44,31 @@ class Built:
     trainable_variables: list
     weights: list[WeightInfo]
     variables: dict[str, Any]  # every weight by its path (the keys the layout rules match)
+
+
+_KERAS_CALL = re.compile(r"Exception encountered when calling layer ['\"]([^'\"]*)['\"]")
+
+
+def _message_line(exc: BaseException) -> str:
+    """The first line of an exception's message (the type's name when it has none).
+
+    Keras wraps errors raised in a layer's call as "Exception encountered when calling layer 'x'
+    ...", the cause on a later line: that line is kept, with the layer's name."""
+    text = str(exc)
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        text = exc.args[0]  # str(KeyError) is the repr of its message
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    where = ""
+    wrapped = _KERAS_CALL.match(lines[0]) if lines else None
+    if wrapped and len(lines) > 1:
+        where = f" (in layer '{wrapped.group(1)}')"
+        lines = lines[1:]
+    return f"{lines[0]}{where}" if lines else type(exc).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    """`TypeName: first line of the message`, for one-line errors."""
+    return f"{type(exc).__name__}: {_message_line(exc)}"
 
 
 # --------------------------------------------------------------------------- keras
@@ -95,7 +120,9 @@ def _keras_layers(cfg: ModelConfig) -> list:
         try:
             layers.append(cls(**args))
         except (TypeError, ValueError) as exc:
-            raise UsageError(f"recipe key '{key}.{name}': {exc}") from None
+            raise UsageError(f"recipe key '{key}.{name}': {_message_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - a layer's constructor may raise anything
+            raise UsageError(f"recipe key '{key}.{name}': {_first_line(exc)}") from None
     return layers
 
 
@@ -111,17 +138,28 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
             if folder and folder not in sys.path:
                 sys.path.insert(0, folder)  # user code beside the recipe, or in the cwd
         try:
-            fn = getattr(importlib.import_module(module_name), fn_name)
-        except (ImportError, AttributeError) as exc:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
             raise UsageError(
-                f"recipe key 'model.build': cannot load {cfg.build!r} ({exc})"
+                f"recipe key 'model.build': cannot load {cfg.build!r} ({_message_line(exc)})"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - user code may raise anything at import
+            raise UsageError(
+                f"recipe key 'model.build': cannot load {cfg.build!r} (importing {module_name} "
+                f"raised {_first_line(exc)})"
             ) from None
         try:
-            model = fn(input_shape, num_classes, **cfg.args)
-        except TypeError as exc:
+            fn = getattr(module, fn_name)
+        except AttributeError as exc:
             raise UsageError(
-                f"recipe key 'model.args': {cfg.build} rejected them ({exc})"
+                f"recipe key 'model.build': cannot load {cfg.build!r} ({_message_line(exc)})"
             ) from None
+        if not callable(fn):
+            raise UsageError(
+                f"recipe key 'model.build': {cfg.build} is a {type(fn).__name__}, "
+                "expected a function"
+            )
+        model = _call_build(fn, cfg, input_shape, num_classes)
         if not isinstance(model, tf_keras.Model):
             raise UsageError(
                 f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
@@ -133,9 +171,47 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
         return tf_keras.Sequential(
             [tf_keras.Input(shape=input_shape, name="inputs"), *layers], name="model"
         )
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - Keras raises many types for layers that do not fit
+        import tensorflow as tf
+
+        if isinstance(exc, tf.errors.OpError):
+            raise  # TensorFlow's runtime failed, not the recipe: reported as such, exit 1
+        why = _message_line(exc) if isinstance(exc, (TypeError, ValueError)) else _first_line(exc)
         raise UsageError(
-            f"recipe key 'model.layers': the layers do not fit together ({exc})"
+            f"recipe key 'model.layers': the layers do not fit together ({why})"
+        ) from None
+
+
+def _call_build(fn: Any, cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """Call the recipe's build function: arguments it does not take name model.args, anything
+    it raises names model.build; one line either way."""
+    import inspect
+
+    args = (input_shape, num_classes)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and the like: no signature to check
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args, **cfg.args)
+        except TypeError as exc:
+            raise UsageError(
+                f"recipe key 'model.args': {cfg.build} rejected them ({_message_line(exc)})"
+            ) from None
+    try:
+        return fn(*args, **cfg.args)
+    except TypeError as exc:
+        if signature is None:
+            raise UsageError(
+                f"recipe key 'model.args': {cfg.build} rejected them ({_message_line(exc)})"
+            ) from None
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} raised {_first_line(exc)}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} raised {_first_line(exc)}"
         ) from None
 
 
@@ -176,25 +252,66 @@ def _keras_variables(model: Any) -> list[tuple[str, Any, str]]:
     return unique
 
 
-def _ensure_built(model: Any, input_shape: tuple[int, ...], x: Any) -> None:
+def _call_model(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
+    try:
+        return model(x, training=False)
+    except Exception as exc:  # noqa: BLE001 - a model's call may raise anything
+        raise UsageError(
+            f"recipe key 'model': calling the model on a batch of shape {(1, *input_shape)} "
+            f"failed ({_first_line(exc)})"
+        ) from None
+
+
+def _ensure_built(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
+    """Call the model once if it has no weights yet; its output then, else None."""
     if not model.built or not model.weights:
-        try:
-            model(x, training=False)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"recipe key 'model': calling the model failed ({exc})") from None
+        return _call_model(model, input_shape, x)
+    return None
+
+
+def check_output(output: Any, num_classes: int) -> None:
+    """The model must give (batch, num_classes) logits for a batch of one example."""
+    shape = getattr(output, "shape", None)
+    if shape is None:
+        raise UsageError(
+            f"recipe key 'model': the model returns a {type(output).__name__}, expected one "
+            f"(batch, {num_classes}) tensor of logits"
+        )
+    dims = tuple(None if d is None else int(d) for d in shape)
+    expected = f"expected (batch, {num_classes}) logits"
+    if len(dims) != 2 or dims[0] != 1:
+        hint = ""
+        if len(dims) > 2:
+            hint = " (an MLP fed unflattened images? set data.flatten: true or add a Flatten layer)"
+        raise UsageError(
+            f"recipe key 'model': the model's output has shape {dims} for a batch of 1 but the "
+            f"data has {num_classes} classes: {expected}{hint}"
+        )
+    if dims[1] != num_classes:
+        raise UsageError(
+            f"recipe key 'model': the model's last layer gives {dims[1]} outputs but the data "
+            f"has {num_classes} classes: {expected} (give the last layer {num_classes} units)"
+        )
 
 
 def describe_keras(
     cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int
 ) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
-    """Build the model once on the host: its weights and (seeded) initial values."""
+    """Build the model once on the host: its weights and (seeded) initial values.
+
+    The model is called once on zeros, so a model that does not fit the data (its output is not
+    (batch, num_classes) logits) is refused here, before anything trains."""
     import tensorflow as tf
     import tf_keras
 
     tf_keras.utils.set_random_seed(seed)
     with tf.device("/CPU:0"):
         model = _keras_model(cfg, input_shape, num_classes)
-        _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
+        x = tf.zeros((1, *input_shape))
+        output = _ensure_built(model, input_shape, x)
+        if output is None:
+            output = _call_model(model, input_shape, x)
+    check_output(output, num_classes)
     infos, values = [], {}
     for path, var, owner in _keras_variables(model):
         infos.append(WeightInfo(path, tuple(var.shape), owner, var.trainable))
@@ -373,3 +490,14 @@ def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
         full = dtensor.relayout(var.read_value(), replicated(mesh, len(var.shape)))
         values[path] = dtensor.unpack(full)[0].numpy()
     return values
+
+
+def weight_plans(
+    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
+) -> tuple[list[WeightPlan], dict]:
+    """Weights of the model and where each lives; Keras initial values come with them."""
+    if recipe.model.api == "keras":
+        weights, initial = describe_keras(recipe.model, input_shape, num_classes, recipe.seed)
+    else:
+        weights, initial = describe_core(recipe.model, input_shape, num_classes), {}
+    return plan_weights(recipe.layouts.rules, weights, axes), initial

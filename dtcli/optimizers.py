@@ -51,6 +51,12 @@ class KerasOptimizer:
     def apply(self, grads: list, variables: list) -> None:
         self.impl.apply_gradients(zip(grads, variables))
 
+    def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
+        """After a restore: the recipe's values take effect. tf-keras keeps the learning rate in
+        a variable that the checkpoint overwrites; the betas, epsilon, momentum and weight decay
+        are Python numbers of this process, taken from the recipe already."""
+        self.impl.learning_rate = cfg.learning_rate
+
     @property
     def trackable(self) -> Any:
         return self.impl
@@ -98,6 +104,10 @@ class CoreOptimizer:
                     trainable=False,
                     name=key,
                 )
+
+    def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
+        """Core hyperparameters are this process's recipe values; a checkpoint holds none."""
+        self.cfg = cfg
 
     def apply(self, grads: list, variables: list) -> None:
         import tensorflow as tf

@@ -1,8 +1,8 @@
 """`dtcli plan`: where every weight of a recipe lives on its mesh, and what each device holds.
 
 Built from shapes alone: the data set is described (headers, static info), never loaded, and no
-variable is placed on a device. The same `weight_plans` is what `train` builds its layouts from,
-so the table is the layout training will use, checked by the same rules.
+variable is placed on a device. The same `models.weight_plans` is what `train` builds its layouts
+from, so the table is the layout training will use, checked by the same rules.
 """
 
 from __future__ import annotations
@@ -16,21 +16,6 @@ from dtcli import mesh as mesh_lib
 from dtcli.recipe import UNSHARDED, OptimizerConfig, Recipe
 
 FLOAT32 = 4  # bytes: dtcli trains in float32
-
-
-def weight_plans(
-    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
-) -> tuple[list[layout_lib.WeightPlan], dict]:
-    """Weights of the model and where each lives; Keras initial values come with them."""
-    from dtcli import models
-
-    if recipe.model.api == "keras":
-        weights, initial = models.describe_keras(
-            recipe.model, input_shape, num_classes, recipe.seed
-        )
-    else:
-        weights, initial = models.describe_core(recipe.model, input_shape, num_classes), {}
-    return layout_lib.plan_weights(recipe.layouts.rules, weights, axes), initial
 
 
 def slots_per_weight(cfg: OptimizerConfig) -> int:
@@ -118,13 +103,14 @@ def make_report(recipe: Recipe) -> Report:
     """Resolve the mesh against the devices and plan every weight (errors as `train` gives)."""
     from dtcli import data as data_lib
     from dtcli import devices as devices_lib
+    from dtcli import models
 
     devices = devices_lib.configure(recipe.devices, mesh_lib.device_count_for(recipe.mesh))
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
     data_axis = recipe.layouts.data_axis
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
     input_shape, num_classes = data_lib.describe(recipe.data)
-    plans, _ = weight_plans(recipe, input_shape, num_classes, axes)
+    plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes)
     return Report(
         recipe.name,
         axes,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from dtcli import rundir
 from dtcli.errors import UsageError
-from dtcli.metrics import METRICS_FILE, STEPS_FILE, read
+from dtcli.metrics import read
 
 # metric -> the record keys drawn in its figure (train and eval side by side, as in the seeds).
 FIGURES = {
@@ -27,7 +29,7 @@ def load_steps(run_dirs: list[Path], names: list[str], warn: Any = None) -> dict
     """Per-step loss records of the runs that recorded them, under the same run names."""
     steps = {}
     for name, run_dir in zip(names, run_dirs):
-        path = Path(run_dir) / STEPS_FILE
+        path = rundir.steps_file(run_dir)
         if path.is_file():
             records = read(path, warn)
             if records:
@@ -38,16 +40,15 @@ def load_steps(run_dirs: list[Path], names: list[str], warn: Any = None) -> dict
 def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str, Any]]]:
     runs = {}
     for run_dir in run_dirs:
-        path = Path(run_dir) / METRICS_FILE
-        if not Path(run_dir).is_dir():
-            raise UsageError(f"RUN_DIR {str(run_dir)!r}: no such folder")
-        if not path.is_file():
+        path = rundir.metrics_file(run_dir)
+        try:
+            records = read(path, warn)
+        except OSError as exc:
             raise UsageError(
-                f"RUN_DIR {str(run_dir)!r}: no {METRICS_FILE} (has this run finished an epoch?)"
-            )
-        records = read(path, warn)
+                f"RUN_DIR {str(run_dir)!r}: cannot read {path.name} ({rundir.os_reason(exc)})"
+            ) from None
         if not records:
-            raise UsageError(f"RUN_DIR {str(run_dir)!r}: {METRICS_FILE} holds no complete records")
+            raise UsageError(f"RUN_DIR {str(run_dir)!r}: {path.name} holds no complete records")
         name = Path(run_dir).resolve().name
         while name in runs:
             name += "'"
@@ -65,14 +66,20 @@ def plot_runs(
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    runs = load_runs(run_dirs, warn)
-    steps = load_steps(run_dirs, list(runs), warn)
-    wanted = metrics or ["loss", "accuracy"] + (["step_loss"] if steps else [])
-    for metric in wanted:
+    for metric in metrics or []:
         if metric not in FIGURES:
             raise UsageError(f"--metric {metric!r}: expected one of {', '.join(FIGURES)}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    rundir.check_output_folder(out_dir, "--out", refuse_held=False)
+    runs = load_runs(run_dirs, warn)
+    steps = load_steps(run_dirs, list(runs), warn)
+    wanted = metrics or ["loss", "accuracy"] + (["step_loss"] if steps else [])
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--out {str(out_dir)!r}: cannot create it ({rundir.os_reason(exc)})"
+        ) from None
     written = []
     several = len(runs) > 1
     for metric in wanted:
@@ -81,7 +88,7 @@ def plot_runs(
         series = steps if metric == "step_loss" else runs
         if not series:
             plt.close(fig)
-            raise UsageError(f"--metric {metric}: no run here recorded it ({STEPS_FILE})")
+            raise UsageError(f"--metric {metric}: no run here recorded it ({rundir.STEPS})")
         for name, records in series.items():
             color = f"C{list(runs).index(name)}"
             for key in FIGURES[metric]:
@@ -111,8 +118,18 @@ def plot_runs(
         ax.grid(True, alpha=0.3)
         ax.legend()
         path = out_dir / f"{metric}.png"
+        # Written aside and renamed: a reader (or a plot of a running run) never sees half a PNG.
+        tmp = out_dir / f".{metric}.png.tmp"
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        try:
+            fig.savefig(tmp, dpi=100, format="png")
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise UsageError(
+                f"--out {str(out_dir)!r}: cannot write {path.name} ({rundir.os_reason(exc)})"
+            ) from None
+        finally:
+            plt.close(fig)
         written.append(path)
     return written

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
+import os
 import re
 import types
 import typing
@@ -156,6 +158,20 @@ def _fail(path: str, tp: Any, value: Any) -> UsageError:
     return UsageError(f"recipe key '{path}': expected {_describe(tp)}, got {value!r}")
 
 
+class _NotFinite(UsageError):
+    """A float key holding NaN or infinity (kept apart so `float | None` keeps the message)."""
+
+
+def _finite(value: Any, path: str) -> float:
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise _NotFinite(f"recipe key '{path}': expected a finite number, got {value!r}")
+    return number
+
+
 def _coerce(tp: Any, value: Any, path: str) -> Any:
     """Check `value` against the type `tp` and return it in canonical form."""
     origin = typing.get_origin(tp)
@@ -171,6 +187,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if len(inner) == 1:
             try:
                 return _coerce(inner[0], value, path)
+            except _NotFinite:
+                raise
             except UsageError:
                 raise _fail(path, tp, value) from None
         raise _fail(path, tp, value)
@@ -188,13 +206,16 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         raise _fail(path, tp, value)
     if tp is float:
         # YAML 1.1 reads `1e-3` (no dot) as a string: accept anything float() parses.
+        # NaN and infinity (YAML's .nan/.inf, or strings float() reads) are refused.
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return _finite(value, path)
         if isinstance(value, str):
             try:
-                return float(value)
+                float(value)
             except ValueError:
                 pass
+            else:
+                return _finite(value, path)
         raise _fail(path, tp, value)
     if tp is str:
         if isinstance(value, str):
@@ -257,6 +278,10 @@ def _check(recipe: Recipe) -> Recipe:
     from dtcli.devices import parse as parse_devices
 
     parse_devices(recipe.devices)
+    if not 0 <= recipe.seed <= 2**32 - 1:
+        raise UsageError(
+            f"recipe key 'seed': expected an integer in [0, 2**32 - 1], got {recipe.seed}"
+        )
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", recipe.name):
         raise UsageError(
             f"recipe key 'name': expected letters, digits, '_', '.', '-', got {recipe.name!r}"
@@ -294,12 +319,42 @@ def _check(recipe: Recipe) -> Recipe:
         used = [d for d in dims if d != UNSHARDED]
         if len(used) != len(set(used)):
             raise UsageError(f"recipe key '{key}': a mesh axis may shard only one dim, got {dims}")
-    m = recipe.model
+    _check_devices_mesh(recipe)
+    _check_model(recipe.model)
+    _check_data(recipe.data)
+    _check_train(recipe.train)
+    _check_optimizer(recipe.optimizer)
+    return recipe
+
+
+def _check_devices_mesh(recipe: Recipe) -> None:
+    """A mesh with a `cpu` device spec without count asks for that many virtual CPUs."""
+    from dtcli.devices import MAX_VIRTUAL_CPUS
+    from dtcli.devices import parse as parse_devices
+
+    spec = parse_devices(recipe.devices)
+    if spec.kind not in ("cpu", "auto") or spec.count is not None:
+        return
+    if any(s == -1 for s in recipe.mesh.values()):
+        return
+    total = math.prod(recipe.mesh.values())
+    if total > MAX_VIRTUAL_CPUS:
+        on = "" if spec.kind == "cpu" else " on a machine without GPUs"
+        raise UsageError(
+            f"recipe key 'mesh': {_mesh_text(recipe.mesh)} asks for {total} devices, and devices "
+            f"{recipe.devices!r} makes them virtual CPUs{on}; at most {MAX_VIRTUAL_CPUS} "
+            "(MAX_VIRTUAL_CPUS: more exhaust memory or hang TensorFlow's start-up)"
+        )
+
+
+def _check_model(m: ModelConfig) -> None:
     if m.api == "keras":
         if (m.layers is None) == (m.build is None):
             raise UsageError(
                 "recipe key 'model': api keras needs exactly one of 'layers' or 'build'"
             )
+        if m.layers is not None and not m.layers:
+            raise UsageError("recipe key 'model.layers': expected at least one layer, got []")
         if m.build is not None and not re.fullmatch(r"[\w.]+:\w+", m.build):
             raise UsageError(
                 f"recipe key 'model.build': expected 'package.module:function', got {m.build!r}"
@@ -310,32 +365,134 @@ def _check(recipe: Recipe) -> Recipe:
                 "recipe key 'model': api core takes 'hidden' and 'activation', "
                 "not 'layers' or 'build'"
             )
+        # An empty list is allowed: a linear model.
         if not all(h > 0 for h in m.hidden):
             raise UsageError(f"recipe key 'model.hidden': expected positive widths, got {m.hidden}")
-    d = recipe.data
-    for key in ("batch_size", "classes", "count", "eval_count"):
-        if getattr(d, key) <= 0:
-            raise UsageError(f"recipe key 'data.{key}': expected a positive integer")
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+# The embedded digits (scikit-learn's copy of the UCI 8x8 digits, see data._embedded): the first
+# 4/5 train unless ranges are given.
+EMBEDDED_DIGITS = 1797
+
+
+def _known_train_count(d: DataConfig) -> int | None:
+    """The training examples the recipe gives, when known without reading any file."""
+    if d.source == "synthetic":
+        return d.count
+    if d.train_range is not None and d.source in ("embedded", "idx"):
+        return d.train_range[1] - d.train_range[0]
+    if d.source == "embedded":
+        return EMBEDDED_DIGITS * 4 // 5 if d.eval_range is None else EMBEDDED_DIGITS // 2
+    return None  # IDX files without a range, TFDS splits: see data.check_batch_fits
+
+
+def _check_data(d: DataConfig) -> None:
+    for key in ("batch_size", "count", "eval_count"):
+        value = getattr(d, key)
+        if value <= 0:
+            raise UsageError(f"recipe key 'data.{key}': expected a positive integer, got {value}")
     if d.eval_batch_size is not None and d.eval_batch_size <= 0:
-        raise UsageError("recipe key 'data.eval_batch_size': expected a positive integer")
+        raise UsageError(
+            f"recipe key 'data.eval_batch_size': expected a positive integer or null, "
+            f"got {d.eval_batch_size}"
+        )
+    if d.classes < 2:
+        raise UsageError(f"recipe key 'data.classes': expected an integer >= 2, got {d.classes}")
+    if not d.shape or not all(n > 0 for n in d.shape):
+        raise UsageError(
+            f"recipe key 'data.shape': expected at least one dim, each a positive integer, "
+            f"got {list(d.shape)}"
+        )
     if d.source == "idx" and not d.path:
         raise UsageError("recipe key 'data.path': source idx needs the folder of IDX files")
     for key in ("train_range", "eval_range"):
         rng = getattr(d, key)
         if rng is not None and not 0 <= rng[0] < rng[1]:
             raise UsageError(
-                f"recipe key 'data.{key}': expected [start, stop) with 0 <= start < stop"
+                f"recipe key 'data.{key}': expected [start, stop) with 0 <= start < stop, "
+                f"got {list(rng)}"
             )
-    t = recipe.train
+    known = _known_train_count(d)
+    if known is not None and d.batch_size > known:
+        raise UsageError(
+            f"recipe key 'data.batch_size': {d.batch_size} is more than the {known} training "
+            f"examples of data.source {d.source}; use a batch of at most {known}"
+        )
+    memory = _physical_memory()
+    if not memory:
+        return
+    half = memory // 2
+    if d.source == "synthetic":
+        example = math.prod(d.shape)
+        total = (d.count + d.eval_count) * example * 4
+        if total > half:
+            key = "data.eval_count" if d.eval_count > d.count else "data.count"
+            raise UsageError(
+                f"recipe key '{key}': synthetic data of {d.count} train + {d.eval_count} eval "
+                f"examples (data.count, data.eval_count) of shape {list(d.shape)} (data.shape) "
+                f"needs {_gib(total)} of host memory, more than half of this machine's "
+                f"{_gib(memory)}"
+            )
+        weights = example * d.classes * 4  # the linear map that makes the labels
+        if weights > half:
+            raise UsageError(
+                f"recipe key 'data.classes': {d.classes} classes of examples of shape "
+                f"{list(d.shape)} need {_gib(weights)} of host memory to label, more than half "
+                f"of this machine's {_gib(memory)}"
+            )
+    else:
+        example = 64 if d.source == "embedded" else 28 * 28
+    for key in ("batch_size", "eval_batch_size"):
+        size = getattr(d, key)
+        if size is not None and size * example * 4 > half:
+            raise UsageError(
+                f"recipe key 'data.{key}': a batch of {size} examples of {example} values needs "
+                f"{_gib(size * example * 4)} of host memory, more than half of this machine's "
+                f"{_gib(memory)}"
+            )
+
+
+def _check_train(t: TrainConfig) -> None:
     if t.epochs < 1:
-        raise UsageError("recipe key 'train.epochs': expected an integer >= 1")
+        raise UsageError(f"recipe key 'train.epochs': expected an integer >= 1, got {t.epochs}")
     if t.steps_per_epoch is not None and t.steps_per_epoch < 1:
-        raise UsageError("recipe key 'train.steps_per_epoch': expected an integer >= 1 or null")
-    if t.checkpoint_every < 0 or t.keep < 1 or t.log_every < 1:
-        raise UsageError("recipe key 'train': checkpoint_every >= 0, keep >= 1, log_every >= 1")
-    if recipe.optimizer.learning_rate <= 0:
-        raise UsageError("recipe key 'optimizer.learning_rate': expected a positive number")
-    return recipe
+        raise UsageError(
+            "recipe key 'train.steps_per_epoch': expected an integer >= 1 or null, "
+            f"got {t.steps_per_epoch}"
+        )
+    for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
+        value = getattr(t, key)
+        if value < low:
+            raise UsageError(f"recipe key 'train.{key}': expected an integer >= {low}, got {value}")
+
+
+def _check_optimizer(o: OptimizerConfig) -> None:
+    # Finiteness is checked by _coerce for every float key.
+    rules = (
+        ("learning_rate", o.learning_rate > 0, "a positive number"),
+        ("beta_1", 0 <= o.beta_1 < 1, "a number in [0, 1)"),
+        ("beta_2", 0 <= o.beta_2 < 1, "a number in [0, 1)"),
+        ("epsilon", o.epsilon > 0, "a positive number"),
+        ("momentum", 0 <= o.momentum <= 1, "a number in [0, 1]"),
+        ("weight_decay", o.weight_decay >= 0, "a number >= 0"),
+    )
+    for key, ok, expected in rules:
+        if not ok:
+            raise UsageError(
+                f"recipe key 'optimizer.{key}': expected {expected}, got {getattr(o, key)!r}"
+            )
 
 
 def _mesh_text(mesh: dict[str, int]) -> str:
@@ -350,14 +507,28 @@ def parse_mesh_arg(text: str) -> dict[str, int]:
     mesh: dict[str, int] = {}
     for part in text.split(","):
         name, sep, size = part.strip().partition("=")
-        if not sep or not name.strip():
+        name = name.strip()
+        if not sep or not name:
             raise UsageError(
                 f"--mesh {text!r}: expected AXIS=SIZE[,AXIS=SIZE...], like batch=4,model=2"
             )
+        if name in mesh:
+            raise UsageError(f"--mesh {text!r}: axis '{name}' appears twice")
+        if not size.strip():
+            raise UsageError(
+                f"--mesh {text!r}: axis '{name}' has no size (expected {name}=SIZE, "
+                "a positive integer or -1)"
+            )
         try:
-            mesh[name.strip()] = int(size)
+            value = int(size)
         except ValueError:
             raise UsageError(f"--mesh {text!r}: size of axis '{name}' must be an integer") from None
+        if value == 0 or value < -1:
+            raise UsageError(
+                f"--mesh {text!r}: size of axis '{name}' must be a positive integer or -1, "
+                f"got {value}"
+            )
+        mesh[name] = value
     return mesh
 
 
@@ -394,6 +565,48 @@ def _with_layout_axes(axes: dict[str, int], layouts: Any) -> dict[str, int]:
     return out
 
 
+class _DuplicateKey(Exception):
+    """A mapping in the YAML text names one key twice (PyYAML would keep the last silently)."""
+
+    def __init__(self, path: str, first: int, second: int):
+        super().__init__(path)
+        self.path, self.first, self.second = path, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key that appears twice in one mapping."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_unique_keys(node, "", set())
+        return super().construct_document(node)
+
+
+def _check_unique_keys(node: yaml.Node, path: str, seen: set[int]) -> None:
+    if id(node) in seen:  # an alias to a node already walked (or a recursive structure)
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                name = f"{path}.{key.value}" if path else str(key.value)
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in first:
+                    raise _DuplicateKey(name, first[(key.tag, key.value)], line)
+                first[(key.tag, key.value)] = line
+                _check_unique_keys(value, name, seen)
+            else:
+                _check_unique_keys(value, path, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, f"{path}[{i}]", seen)
+
+
+def _load_yaml(text: str) -> Any:
+    """Parse YAML like yaml.safe_load, raising _DuplicateKey for a key given twice."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
+
+
 def apply_set(raw: dict, assignment: str) -> None:
     """Apply one `--set key.path=value` to the raw recipe mapping (value parsed as YAML)."""
     key, sep, text = assignment.partition("=")
@@ -403,8 +616,13 @@ def apply_set(raw: dict, assignment: str) -> None:
             f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4"
         )
     try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+        value = _load_yaml(text) if text.strip() else None
+    except _DuplicateKey as dup:
+        inner = dup.path if dup.path.startswith("[") else f".{dup.path}"
+        raise UsageError(
+            f"--set {assignment!r}: key '{key.strip()}{inner}' appears twice"
+        ) from None
+    except (yaml.YAMLError, ValueError, OverflowError):
         raise UsageError(f"--set {assignment!r}: the value is not valid YAML") from None
     node = raw
     for i, part in enumerate(parts[:-1]):
@@ -434,11 +652,19 @@ def read_raw(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise UsageError(f"recipe {str(p)!r}: cannot read it (not UTF-8 text)") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = _load_yaml(text)
+    except _DuplicateKey as dup:
+        raise UsageError(
+            f"recipe {str(p)!r}: key '{dup.path}' appears twice (lines {dup.first} and "
+            f"{dup.second})"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UsageError(f"recipe {str(p)!r}: not valid YAML{where}") from None
+    except (ValueError, OverflowError) as exc:  # a scalar YAML resolves but cannot build
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"recipe {str(p)!r}: not valid YAML ({first})") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -1,215 +1,46 @@
-"""Building a run (devices, mesh, data, model, optimizer) and the custom training loop.
+"""`dtcli train`: orchestration of one run, and the loop that decides when to log, evaluate and
+checkpoint.
 
-The train step is one compiled function of (batch) -> sums over the global batch, closing over the
-model and optimizer state; the loop decides when to log, evaluate and checkpoint, and stops loudly
-on a non-finite loss. Loss is the mean over the real examples of the global batch plus
-regularization, so one recipe gives the same numbers on any mesh.
+The engine (devices, mesh, data, model, optimizer, the compiled steps, evaluation) is
+dtcli.session; the run directory's layout, lock and checkpoints are dtcli.rundir. This module
+opens the run, builds the session, restores a checkpoint on resume, runs the epochs, and stops
+loudly on a non-finite loss.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
+import json
 import os
 import re
-import shutil
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from dtcli import cluster as cluster_lib
-from dtcli import data as data_lib
 from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
-from dtcli import models, optimizers
-from dtcli import plan as plan_lib
 from dtcli import recipe as recipe_lib
+from dtcli import rundir
 from dtcli.errors import TrainingError, UsageError
 from dtcli.recipe import Recipe
-
-
-@dataclass
-class Session:
-    """Everything a recipe builds on its mesh; shared by train and eval."""
-
-    recipe: Recipe  # resolved: mesh sizes and devices filled in
-    devices: devices_lib.Devices
-    axes: dict[str, int]
-    mesh: Any
-    data: data_lib.Dataset
-    plans: list[layout_lib.WeightPlan]
-    model: models.Built
-    optimizer: Any
-    packer: data_lib.Packer
-    cluster: cluster_lib.Cluster | None = None  # set in a multi-client run
-    # Whether the train step has run in this process (its first call traces and compiles it).
-    compiled: bool = False
-
-    @property
-    def eval_batch_size(self) -> int:
-        return self.recipe.data.eval_batch_size or self.recipe.data.batch_size
-
-    def checkpoint_objects(self) -> dict[str, Any]:
-        return {"model": self.model.module, "optimizer": self.optimizer.trackable}
-
-
-def prepare(
-    recipe: Recipe,
-    splits: tuple[str, ...] = ("train", "eval"),
-    cluster: cluster_lib.Cluster | None = None,
-    use_devices: int | None = None,
-) -> Session:
-    """Configure devices, then load data and build the model and optimizer on the mesh.
-
-    `use_devices`: build the mesh over only the first N of the configured devices (so that one
-    process can compare a 1-device mesh with a multi-device one, as `dtcli doctor` does).
-    With a `cluster` this process is one client of a multi-client run: it configures only its
-    own devices and the mesh spans every client's (the global device list).
-    """
-    want = mesh_lib.device_count_for(recipe.mesh)
-    devices = devices_lib.configure(recipe.devices, want, cluster=cluster)
-    if use_devices is not None:
-        devices = devices_lib.Devices(devices.device_type, use_devices)
-    axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
-    data_axis = recipe.layouts.data_axis
-    mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
-    if recipe.data.eval_batch_size:
-        mesh_lib.check_batch(axes, data_axis, recipe.data.eval_batch_size, "data.eval_batch_size")
-    dataset = data_lib.load(recipe.data, splits)
-    plans, initial = plan_lib.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
-    mesh = mesh_lib.build_mesh(
-        axes, devices.device_type, distributed=cluster is not None, count=use_devices
-    )
-    if recipe.model.api == "keras":
-        built = models.build_keras(
-            recipe.model,
-            dataset.input_shape,
-            dataset.num_classes,
-            mesh,
-            plans,
-            initial,
-            recipe.seed,
-        )
-    else:
-        built = models.build_core(
-            recipe.model, dataset.input_shape, dataset.num_classes, mesh, plans, recipe.seed
-        )
-    optimizer = optimizers.make(recipe.model.api, recipe.optimizer, mesh)
-    optimizer.build(built.trainable_variables)
-    resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
-    return Session(
-        resolved,
-        devices,
-        axes,
-        mesh,
-        dataset,
-        plans,
-        built,
-        optimizer,
-        data_lib.Packer(mesh, data_axis),
-        cluster,
-    )
-
-
-# --------------------------------------------------------------------------- steps
-
-
-def make_steps(session: Session) -> tuple[Any, Any]:
-    """The compiled train and eval steps. Both return sums over the global batch."""
-    import tensorflow as tf
-
-    model = session.model
-    optimizer = session.optimizer
-    variables = model.trainable_variables
-
-    def sums(logits: Any, y: Any, mask: Any) -> dict[str, Any]:
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-        hit = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), y), tf.float32)
-        return {
-            "ce_sum": tf.reduce_sum(ce * mask),
-            "correct": tf.reduce_sum(hit * mask),
-            "count": tf.reduce_sum(mask),
-        }
-
-    @tf.function
-    def train_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
-        with tf.GradientTape() as tape:
-            logits = model.forward(x, training=True)
-            out = sums(logits, y, mask)
-            loss = out["ce_sum"] / tf.maximum(out["count"], 1.0)
-            if model.regularization is not None:
-                loss += model.regularization()
-        grads = tape.gradient(loss, variables)
-        # All gradients before any update. This barrier alone does NOT make the step right with
-        # DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
-        # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it forced on.
-        with tf.control_dependencies(grads):
-            optimizer.apply(grads, variables)
-        out["loss"] = loss
-        return out
-
-    @tf.function
-    def eval_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
-        return sums(model.forward(x, training=False), y, mask)
-
-    return train_step, eval_step
-
-
-def evaluate(
-    session: Session, eval_step: Any, split: data_lib.Split, packed: list | None = None
-) -> dict[str, float]:
-    """Loss and accuracy over every example of `split`, each counted exactly once."""
-    ce = correct = count = 0.0
-    batches = packed if packed is not None else pack_all(session, split)
-    for x, y, mask in batches:
-        out = eval_step(x, y, mask)
-        ce += float(out["ce_sum"])
-        correct += float(out["correct"])
-        count += float(out["count"])
-    return {
-        "loss": ce / max(count, 1.0),
-        "accuracy": correct / max(count, 1.0),
-        "examples": int(count),
-    }
-
-
-def pack_all(session: Session, split: data_lib.Split) -> list:
-    return [session.packer.pack_batch(b) for b in _batches(session, split, session.eval_batch_size)]
-
-
-def _batches(session: Session, split: data_lib.Split, batch_size: int, order: Any = None) -> Any:
-    """Host batches holding only the rows this process's devices take (all, in one process)."""
-    return data_lib.batches(split, batch_size, order, session.packer.rows(batch_size))
-
-
-def run_steps(session: Session, steps: int) -> list[float]:
-    """Train `steps` steps in data order (for mesh-equivalence checks); returns the losses."""
-    train_step, _ = make_steps(session)
-    recipe = session.recipe
-    losses: list[float] = []
-    epoch = 0
-    while len(losses) < steps:
-        order = data_lib.epoch_order(
-            len(session.data.train), recipe.seed, epoch, recipe.data.shuffle
-        )
-        for batch in _batches(session, session.data.train, recipe.data.batch_size, order):
-            if len(losses) == steps:
-                break
-            losses.append(float(train_step(*session.packer.pack_batch(batch))["loss"]))
-        epoch += 1
-    return losses
-
-
-# --------------------------------------------------------------------------- the run
-
-
-def default_run_dir(recipe: Recipe) -> Path:
-    return Path("runs") / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+from dtcli.session import (
+    EpochState,
+    NonFiniteLoss,
+    Session,
+    epoch_steps,
+    evaluate,
+    make_steps,
+    pack_all,
+    prepare,
+    run_epoch,
+)
 
 
 def _versions() -> dict[str, str]:
@@ -231,7 +62,16 @@ class RunResult:
     history: list[dict[str, Any]]
 
 
-RECIPE_FILE = "recipe.yaml"
+# What a checkpoint's state depends on: a resume may not change it. The mesh, devices, layouts,
+# data, optimizer hyperparameters and schedule may change and take effect from the resumed step.
+# (SGD with and without momentum keep different optimizer slots.)
+FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
+    "seed": lambda r: r.seed,
+    "model": lambda r: r.model,
+    "optimizer.name": lambda r: r.optimizer.name,
+    "optimizer.momentum": lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0,
+    "data.batch_size": lambda r: r.data.batch_size,
+}
 
 
 def resume_recipe(
@@ -242,27 +82,32 @@ def resume_recipe(
     epochs: int | None = None,
 ) -> Recipe:
     """The recipe a run was written with, with command-line overrides (for --resume)."""
-    path = Path(run_dir) / RECIPE_FILE
-    if not path.is_file():
-        raise UsageError(f"--resume {str(run_dir)!r}: not a run directory (no {RECIPE_FILE})")
+    path = rundir.read_recipe_text(run_dir)
     before = recipe_lib.load(path)
     after = recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
-    # What the checkpoint's state depends on stays; the mesh, devices, layouts, data source and
-    # schedule may change. (SGD with and without momentum keep different optimizer slots.)
-    fixed = {
-        "seed": lambda r: r.seed,
-        "model": lambda r: r.model,
-        "optimizer.name": lambda r: r.optimizer.name,
-        "optimizer.momentum": lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0,
-        "data.batch_size": lambda r: r.data.batch_size,
-    }
-    for key, value in fixed.items():
+    for key, value in FIXED_ON_RESUME.items():
         if value(before) != value(after):
             raise UsageError(
                 f"--set {key}: a run resumes with the {key} it was trained with; train a new "
                 "run (--out) to change it"
             )
     return after
+
+
+def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
+    """{dotted key: [old, new]} for every recipe value that differs."""
+
+    def flat(recipe: Recipe) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in recipe_lib.to_mapping(recipe).items():
+            if isinstance(value, dict) and key != "mesh":  # a section: one entry per key
+                out.update({f"{key}.{k}": v for k, v in value.items()})
+            else:
+                out[key] = value
+        return out
+
+    a, b = flat(before), flat(after)
+    return {k: [a.get(k), b.get(k)] for k in {**a, **b} if a.get(k) != b.get(k)}
 
 
 def train(
@@ -276,33 +121,27 @@ def train(
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
-    With a `cluster`, this process is one client of a multi-client run: a preflight checks the
-    other clients first (within `connect_timeout` seconds); all clients train and save
-    checkpoints together, only client 0 writes the recipe, metrics and plots.
+    The run directory is created (or opened) and locked before any TensorFlow work. A new run
+    that fails before its first complete checkpoint is removed; a resume that fails before its
+    first step leaves every file as it was. With a `cluster`, this process is one client of a
+    multi-client run: a preflight checks the other clients first (within `connect_timeout`
+    seconds); all clients train and save checkpoints together, only client 0 holds the lock and
+    writes the recipe, metrics and plots.
     """
     from rich.console import Console
-
-    from dtcli import checkpoint as ckpt_lib
-    from dtcli import metrics as metrics_lib
-    from dtcli import plot as plot_lib
 
     devices_lib.check_runtime_env()
     # soft_wrap: logs piped to a file keep one line per message
     console = console or Console(stderr=True, soft_wrap=True)
+
+    def warn(message: str) -> None:
+        console.print(message, markup=False, highlight=False)
+
     chief = cluster is None or cluster.is_chief
-    latest = None
-    if resume is not None:
-        run_dir = Path(resume)
-        latest = ckpt_lib.latest(run_dir)
-        if latest is None:
-            raise UsageError(f"--resume {str(run_dir)!r}: no complete checkpoint to resume from")
-    else:
-        run_dir = Path(out) if out is not None else default_run_dir(recipe)
-        if chief and run_dir.exists() and any(run_dir.iterdir()):
-            raise UsageError(
-                f"--out {str(run_dir)!r}: the folder exists and is not empty "
-                "(use --resume to continue a run)"
-            )
+    if not chief:
+        # Every client would print the same lines; client 0 speaks for the run. Errors still
+        # reach stderr (the CLI prints them), so a failing client says why.
+        console = Console(stderr=True, quiet=True)
     if cluster is not None:
         devices_lib.check_clients(
             recipe.devices,
@@ -310,23 +149,60 @@ def train(
             cluster.num_clients,
             "recipe key 'devices'",
         )
-        # Before TensorFlow's runtime starts: a missing peer would otherwise hang it for good.
-        leader = {
-            "run_dir": str(run_dir),
-            "resume_from": str(latest) if latest else None,
-            "tag": f"{os.getpid()}-{int(time.time())}",
-        }
-        cluster = cluster_lib.preflight(
-            cluster, recipe_lib.fingerprint(recipe), connect_timeout, leader
-        )
-        run_dir, latest = _agree(cluster, run_dir, latest, out is not None)
+    path = Path(resume or out or rundir.default_path(recipe.name))
+    if not chief:
+        run = rundir.unlocked(path)
+    elif resume is not None:
+        run = rundir.open_for_resume(path, "--resume", warn)
+    else:
+        run = rundir.create(path, "--out", warn)
+    try:
+        latest = None
+        if resume is not None and chief:
+            latest = run.latest_checkpoint("--resume", warn)
+            if latest is None:
+                raise UsageError(f"--resume {str(path)!r}: no intact checkpoint to resume from")
+        if cluster is not None:
+            # Before TensorFlow's runtime starts: a missing peer would otherwise hang it for good.
+            leader = {
+                "run_dir": str(run.path),
+                "resume_from": str(latest) if latest else None,
+                "tag": f"{os.getpid()}-{int(time.time())}",
+            }
+            cluster = cluster_lib.preflight(
+                cluster, recipe_lib.fingerprint(recipe), connect_timeout, leader
+            )
+            chosen, latest = _agree(cluster, run.path, latest, out is not None)
+            if not chief:
+                run = rundir.unlocked(chosen)
+        result = _train(recipe, run, latest, console, progress, cluster, chief)
+    except BaseException:
+        if chief:
+            run.abandon()
+        raise
+    if chief:
+        run.release()
+    return result
+
+
+def _train(
+    recipe: Recipe,
+    run: rundir.RunDir,
+    latest: Path | None,
+    console: Any,
+    progress: bool,
+    cluster: cluster_lib.Cluster | None,
+    chief: bool,
+) -> RunResult:
+    from dtcli import checkpoint as ckpt_lib
+    from dtcli import metrics as metrics_lib
 
     session = prepare(recipe, cluster=cluster)
     recipe = session.recipe
     train_step, eval_step = make_steps(session)
     eval_packed = pack_all(session, session.data.eval)
     checkpointer = ckpt_lib.Checkpointer(
-        run_dir,
+        run.checkpoints,
         session.checkpoint_objects(),
         recipe.train.keep,
         chief=chief,
@@ -335,16 +211,15 @@ def train(
     )
     history: list[dict[str, Any]] = []
     start = EpochState(0)
+    on_first_step: Callable[[], None] | None = None
     if latest is not None:
-        checkpointer.clean()
         checkpointer.restore(latest, session.model.weights)
+        # The checkpoint holds the optimizer's old learning rate: the recipe's takes effect now.
+        session.optimizer.set_hyperparameters(recipe.optimizer)
         meta = ckpt_lib.read_meta(latest)
         start = EpochState(**meta["epoch_state"])
-        metrics_path = run_dir / metrics_lib.METRICS_FILE
-        if chief:
-            metrics_lib.truncate_after(metrics_path, meta["step"])
-            metrics_lib.truncate_after(run_dir / metrics_lib.STEPS_FILE, meta["step"])
-            history = metrics_lib.read(metrics_path) if metrics_path.exists() else []
+        if chief and run.metrics.is_file():
+            history = [r for r in metrics_lib.read(run.metrics) if r.get("step", 0) <= meta["step"]]
         console.print(
             f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
             f"step {meta['step']})",
@@ -356,20 +231,20 @@ def train(
                 f"train.epochs is {recipe.train.epochs}; --epochs is the total, give more",
                 highlight=False,
             )
-    created = not run_dir.exists()
-    if chief:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    try:
         if chief:
-            _write_atomic(run_dir / RECIPE_FILE, recipe_lib.dump(recipe))
-            writer: Any = metrics_lib.MetricsWriter(run_dir)
-        else:
-            writer = _NoWriter()
-        _describe(console, session, run_dir)
-        # Ctrl-C in a multi-client run: stopping after "the current step" would leave the
-        # clients at different steps, waiting on each other's collectives for good. The first
-        # Ctrl-C interrupts at once instead (dtcli launch stops every client).
-        stopper = _StopOnSigint() if cluster is None else contextlib.nullcontext()
+            on_first_step = _once(lambda: _commit_resume(run, recipe, latest, meta, checkpointer))
+    elif chief:
+        run.write_text(run.recipe, recipe_lib.dump(recipe))
+    writer: Any = metrics_lib.MetricsWriter(run.metrics, run.steps, run.tensorboard)
+    if not chief:
+        writer = _NoWriter()
+    _describe(console, session, run.path)
+    # Ctrl-C in a multi-client run: stopping after "the current step" would leave the clients at
+    # different steps, waiting on each other's collectives for good. The first Ctrl-C interrupts
+    # at once instead (dtcli launch stops every client).
+    stopper = _StopOnSigint() if cluster is None else contextlib.nullcontext()
+    before = len(history)
+    try:
         with stopper as stop, _peer_failures(cluster, checkpointer):
             history = _loop(
                 session,
@@ -383,18 +258,65 @@ def train(
                 history,
                 start,
                 stop,
+                on_first_step,
             )
+    finally:
         writer.close()
-        if chief:
-            plot_lib.plot_runs([run_dir], run_dir / "plots")
-    except BaseException:
-        # Nothing resumable was written: leave no half-written run directory behind.
-        if chief and created and not ckpt_lib.complete(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+    if chief and len(history) > before:
+        from dtcli import plot as plot_lib
+
+        try:
+            plot_lib.plot_runs([run.path], run.plots)
+        except UsageError as exc:  # plots cannot be written (a full disk): training is done
+            raise TrainingError(
+                f"{exc}; training finished and its checkpoints and metrics are complete"
+            ) from None
     if chief:
-        _summary(console, history, run_dir)
-    return RunResult(run_dir, history)
+        _summary(console, history, start.epoch if latest is not None else 0)
+    return RunResult(run.path, history)
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+
+    return call
+
+
+def _commit_resume(
+    run: rundir.RunDir, recipe: Recipe, checkpoint: Path, meta: dict[str, Any], checkpointer: Any
+) -> None:
+    """The resumed run trained a step: from here on its files describe it. Until now a failure
+    (a bad override, a non-finite first loss) left every file of the run as it was."""
+    from dtcli import metrics as metrics_lib
+
+    step = meta["step"]
+    try:
+        before = recipe_lib.load(run.recipe)
+        changes = recipe_changes(before, recipe)
+        metrics_lib.truncate_after(run.metrics, step)
+        metrics_lib.truncate_after(run.steps, step)
+        run.write_text(run.recipe, recipe_lib.dump(recipe))
+        record = {
+            "time": datetime.now().isoformat(timespec="seconds"),
+            "checkpoint": Path(checkpoint).name,
+            "step": step,
+            "epoch": meta["epoch"],
+            "changes": changes,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        metrics_lib.append_line(run.resumes, json.dumps(record))
+        checkpointer.clean()
+    except OSError as exc:
+        raise TrainingError(
+            f"{run.path}: recording the resume failed ({rundir.os_reason(exc)})"
+        ) from None
 
 
 def _agree(
@@ -444,14 +366,8 @@ def _peer_failures(cluster: cluster_lib.Cluster | None, checkpointer: Any) -> It
         raise TrainingError(
             f"client {cluster.client_id}: lost the other clients ({type(exc).__name__}: "
             f"{first}); the run stopped; last complete checkpoint: "
-            f"{_last_checkpoint(checkpointer)}"
+            f"{checkpointer.latest() or 'none'}"
         ) from None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class _StopOnSigint:
@@ -488,86 +404,14 @@ class _StopOnSigint:
             signal.signal(signal.SIGINT, self._previous)
 
 
-@dataclass
-class EpochState:
-    """Progress through one epoch; saved in checkpoints written mid-epoch (Ctrl-C)."""
-
-    epoch: int  # 0-based index of the epoch in progress
-    batch: int = 0  # batches of it already trained
-    loss_sum: float = 0.0
-    correct: float = 0.0
-    count: float = 0.0
-    seconds: float = 0.0
-    # The first step this process ran in this epoch, tracing and compiling included (0: none).
-    compile_seconds: float = 0.0
-
-
-def epoch_steps(session: Session) -> int:
-    steps = data_lib.steps_per_epoch(len(session.data.train), session.recipe.data.batch_size)
-    limit = session.recipe.train.steps_per_epoch
-    return min(steps, limit) if limit else steps
-
-
-def run_epoch(
-    session: Session,
-    train_step: Any,
-    state: EpochState,
-    bar: Any = None,
-    writer: Any = None,
-    stop: Any = None,
-) -> EpochState:
-    """Train the rest of one epoch (from `state.batch`); returns early when `stop()` is true."""
-    recipe = session.recipe
-    split = session.data.train
-    steps = epoch_steps(session)
-    order = data_lib.epoch_order(len(split), recipe.seed, state.epoch, recipe.data.shuffle)
-    order = order[state.batch * recipe.data.batch_size : steps * recipe.data.batch_size]
-    log_every = recipe.train.log_every
-    started = time.perf_counter() - state.seconds
-    for batch in _batches(session, split, recipe.data.batch_size, order):
-        called = time.perf_counter()
-        out = train_step(*session.packer.pack_batch(batch))
-        loss = float(out["loss"])
-        if not session.compiled:
-            session.compiled = True
-            state.compile_seconds = time.perf_counter() - called
-        if not math.isfinite(loss):
-            raise _NonFinite(loss)
-        n = float(out["count"])
-        state.batch += 1
-        state.loss_sum += loss * n
-        state.correct += float(out["correct"])
-        state.count += n
-        state.seconds = time.perf_counter() - started
-        step = state.epoch * steps + state.batch  # the optimizer's step, without a device read
-        if writer is not None and step % log_every == 0:
-            writer.step_loss(step, loss)
-        if bar is not None:
-            bar.update(
-                state.batch,
-                state.loss_sum / state.count,
-                state.correct / state.count,
-                state.count / state.seconds,
-            )
-        if stop is not None and stop():
-            break
-    return state
-
-
-class _NonFinite(Exception):
-    def __init__(self, loss: float):
-        self.loss = loss
-
-
 class Interrupted(Exception):
     """Ctrl-C: a checkpoint was written at the current step."""
 
     exit_code = 130
 
-    def __init__(self, checkpoint: Path, run_dir: Path):
-        super().__init__(
-            f"interrupted; saved {checkpoint}; resume with: dtcli train --resume {run_dir}"
-        )
+    def __init__(self, checkpoint: Path | None, run_dir: Path, saved: bool = True):
+        what = f"saved {checkpoint}" if saved else f"nothing new to save (last: {checkpoint})"
+        super().__init__(f"interrupted; {what}; resume with: dtcli train --resume {run_dir}")
 
 
 def _loop(
@@ -582,29 +426,41 @@ def _loop(
     history: list[dict[str, Any]],
     start: EpochState,
     stop: Any,
+    on_first_step: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     cfg = session.recipe.train
     bar = _Bar(console, enabled=progress)
     steps = epoch_steps(session)
     state = start
+    trained = 0
+
+    def count_step() -> None:
+        nonlocal trained
+        trained += 1
+        if on_first_step is not None:
+            on_first_step()
+
     while state.epoch < cfg.epochs:
         epoch = state.epoch
         bar.start(epoch + 1, cfg.epochs, steps, done=state.batch)
         try:
-            state = run_epoch(session, train_step, state, bar, writer, stop)
-        except _NonFinite as exc:
+            state = run_epoch(session, train_step, state, bar, writer, stop, count_step)
+        except NonFiniteLoss as exc:
             bar.stop()
             raise TrainingError(
                 f"non-finite training loss ({exc.loss}) in epoch {epoch + 1} at step "
                 f"{int(session.optimizer.iterations.numpy())}; the run stopped without saving "
-                f"these weights; last good checkpoint: {_last_checkpoint(checkpointer)}; "
+                f"these weights; last good checkpoint: {checkpointer.latest() or 'none'}; "
                 "try a lower optimizer.learning_rate"
             ) from None
         bar.stop()
         step = int(session.optimizer.iterations.numpy())
         if state.batch < steps:  # stopped by Ctrl-C: save where we are, mid-epoch
+            run_dir = checkpointer.folder.parent
+            if not trained:  # nothing new since the checkpoint this run resumed from
+                raise Interrupted(checkpointer.latest(), run_dir, saved=False)
             saved = checkpointer.save(step, _meta(session, step, state))
-            raise Interrupted(saved, checkpointer.folder.parent)
+            raise Interrupted(saved, run_dir)
         ev = evaluate(session, eval_step, session.data.eval, eval_packed)
         record = {
             "epoch": epoch + 1,
@@ -636,13 +492,6 @@ def _loop(
         if last_epoch or (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0):
             checkpointer.save(step, _meta(session, step, state))
     return history
-
-
-def _last_checkpoint(checkpointer: Any) -> str:
-    from dtcli import checkpoint as ckpt_lib
-
-    last = ckpt_lib.latest(checkpointer.folder.parent)
-    return str(last) if last else "none"
 
 
 def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
@@ -753,28 +602,15 @@ def _describe(console: Any, session: Session, run_dir: Path) -> None:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
-def _summary(console: Any, history: list[dict[str, Any]], run_dir: Path) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"{run_dir}")
-    for col in (
-        "epoch",
-        "train loss",
-        "train acc",
-        "eval loss",
-        "eval acc",
-        "examples/s",
-        "seconds",
-    ):
-        table.add_column(col, justify="right")
-    for r in history:
-        table.add_row(
-            str(r["epoch"]),
-            f"{r['train_loss']:.4f}",
-            f"{r['train_accuracy']:.4f}",
-            f"{r['eval_loss']:.4f}",
-            f"{r['eval_accuracy']:.4f}",
-            f"{r['examples_per_sec']:,.0f}",
-            f"{r['seconds']:.2f}",
-        )
-    console.print(table)
+def _summary(console: Any, history: list[dict[str, Any]], first_epoch: int) -> None:
+    """One closing line with what the epoch lines did not say (they said the rest)."""
+    if not history:
+        return
+    best = max(history, key=lambda r: r["eval_accuracy"])
+    seconds = sum(r["seconds"] for r in history[first_epoch:])
+    console.print(
+        f"done: {history[-1]['epoch']} epochs, {history[-1]['step']} steps "
+        f"({seconds:.1f} s training in this process); best eval acc {best['eval_accuracy']:.4f} "
+        f"in epoch {best['epoch']}",
+        highlight=False,
+    )

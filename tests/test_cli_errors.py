@@ -1,4 +1,8 @@
-"""Every bad input: one line naming the key or argument, exit code 2, no traceback, no run dir."""
+"""Every bad input: one line naming the key or argument, exit code 2, no traceback, no run dir.
+
+In-process (the `cli` fixture) on the session's 8 CPUs; one case goes through the installed
+console script in a fresh process, to check the exit code reaches the shell.
+"""
 
 from __future__ import annotations
 
@@ -80,29 +84,40 @@ CASES = {
 }
 
 
-def check_one_line_error(proc, expected: str) -> None:
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert len(lines) == 1, proc.stderr
+def check_one_line_error(result, expected: str) -> None:
+    """`result`: the `cli` fixture's Result, or a finished subprocess."""
+    if hasattr(result, "returncode"):
+        code, stderr = result.returncode, result.stderr
+    else:
+        code, stderr = result.code, result.err
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert len(lines) == 1, stderr
     assert lines[0].startswith("error: ")
     assert expected in lines[0]
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_bad_input(case, tmp_path):
+def test_bad_input(case, tmp_path, cli, cpu8):
     args, expected = CASES[case]
     if callable(args):
         args = [recipe_with(tmp_path, args)]
     out = tmp_path / "run"
-    proc = dtcli("train", *args, "--out", out)
-    check_one_line_error(proc, expected)
+    check_one_line_error(cli("train", *args, "--out", out), expected)
     assert not out.exists(), "nothing may be left behind"
 
 
-def test_tfds_not_prepared_offline_says_how_to_prepare(tmp_path):
+def test_the_console_script_exits_2_with_one_line(tmp_path):
     out = tmp_path / "run"
-    proc = dtcli(
+    proc = dtcli("train", QUICK, "--set", "optimizer.beta_1=1.5", "--out", out)
+    check_one_line_error(proc, "recipe key 'optimizer.beta_1'")
+    assert not out.exists()
+
+
+def test_tfds_not_prepared_offline_says_how_to_prepare(tmp_path, cli, cpu8):
+    out = tmp_path / "run"
+    proc = cli(
         "train",
         QUICK,
         "--set",
@@ -115,18 +130,18 @@ def test_tfds_not_prepared_offline_says_how_to_prepare(tmp_path):
         out,
     )
     check_one_line_error(proc, "TFDS data set 'mnist' is not prepared in")
-    assert "tfds build mnist --data_dir DIR" in proc.stderr
+    assert "tfds build mnist --data_dir DIR" in proc.err
     assert not out.exists()
 
 
-def test_unreadable_recipe(tmp_path):
+def test_unreadable_recipe(tmp_path, cli):
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"\xff\xfe\x00\x01")
-    check_one_line_error(dtcli("train", path), "cannot read it (not UTF-8 text)")
+    check_one_line_error(cli("train", path), "cannot read it (not UTF-8 text)")
 
 
-def test_out_folder_that_holds_files_is_not_touched(tmp_path):
+def test_out_folder_that_holds_files_is_not_touched(tmp_path, cli):
     (tmp_path / "keep.txt").write_text("mine")
-    proc = dtcli("train", QUICK, "--out", tmp_path)
+    proc = cli("train", QUICK, "--out", tmp_path)
     check_one_line_error(proc, "the folder exists and is not empty")
     assert (tmp_path / "keep.txt").read_text() == "mine"

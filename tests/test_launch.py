@@ -19,7 +19,7 @@ from conftest import RECIPES, ROOT, dtcli, env
 from dtcli import checkpoint as ckpt_lib
 from dtcli import cluster as cluster_lib
 from dtcli import data as data_lib
-from dtcli import metrics
+from dtcli import metrics, rundir
 from dtcli.errors import UsageError
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -292,9 +292,12 @@ def test_only_client_0_writes_and_the_checkpoint_is_complete(launched):
     steps = [r["step"] for r in metrics.read(out / "steps.jsonl")]
     assert steps == sorted(set(steps))
     assert "devices: cpu:8" in (out / "recipe.yaml").read_text()  # the mesh's total
-    assert [p.name for p in ckpt_lib.complete(out)] == ["ckpt-00000069"]
+    assert [p.name for p in rundir.complete_checkpoints(out)] == ["ckpt-00000069"]
     assert not list((out / "checkpoints").glob(".tmp-*"))
-    assert ckpt_lib.read_meta(ckpt_lib.latest(out))["mesh"] == {"batch": 4, "model": 2}
+    assert ckpt_lib.read_meta(rundir.complete_checkpoints(out)[-1])["mesh"] == {
+        "batch": 4,
+        "model": 2,
+    }
 
 
 @pytest.mark.slow
@@ -341,7 +344,7 @@ def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launche
     try:
         pids = pids_of(launcher.stderr.readline())
         deadline = time.monotonic() + 120
-        while not ckpt_lib.complete(out):
+        while not rundir.complete_checkpoints(out):
             assert launcher.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         os.kill(pids[1], signal.SIGKILL)
@@ -361,7 +364,7 @@ def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launche
     assert f"resume with: dtcli launch --clients 2 --resume {out}" in last
     assert stopped_after < 20
     assert_gone(pids)
-    latest = ckpt_lib.latest(out)
+    latest = rundir.complete_checkpoints(out)[-1]
     assert latest is not None and f"last complete checkpoint: {latest}" in last
     # The last complete checkpoint resumes; one more epoch matches the uninterrupted run.
     epoch = ckpt_lib.read_meta(latest)["epoch"] + 1

@@ -46,7 +46,9 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path):
     warnings = []
     written = plot_runs([run], tmp_path / "plots", warn=warnings.append)
     assert [p.name for p in written] == ["loss.png", "accuracy.png", "step_loss.png"]
-    assert warnings == [f"warning: {run / 'metrics.jsonl'}: line 4 is not complete JSON; skipped"]
+    assert warnings == [
+        f"warning: {run / 'metrics.jsonl'}: line 4 is not a complete JSON record; skipped"
+    ]
 
 
 def test_missing_or_empty_metrics_are_clear_errors(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from conftest import RECIPES, ROOT, dtcli, env, run_python
 
 from dtcli import checkpoint as ckpt_lib
-from dtcli import metrics
+from dtcli import metrics, rundir
 
 QUICK = str(RECIPES / "quickstart.yaml")
 FIELDS = {
@@ -58,7 +58,10 @@ def test_run_directory_holds_everything(run4):
     # The first step's tracing and compiling is reported where it happened, and only there.
     assert records[0]["compile_seconds"] > 0
     assert all("compile_seconds" not in r for r in records[1:])
-    assert [p.name for p in ckpt_lib.complete(run4)] == ["ckpt-00000069", "ckpt-00000092"]  # keep 2
+    assert [p.name for p in rundir.complete_checkpoints(run4)] == [
+        "ckpt-00000069",
+        "ckpt-00000092",
+    ]  # keep 2
     meta = ckpt_lib.read_meta(run4 / "checkpoints" / "ckpt-00000092")
     assert meta["mesh"] == {"batch": 4, "model": 2} and meta["versions"]["tensorflow"]
     assert sorted(p.name for p in (run4 / "plots").iterdir()) == [
@@ -239,7 +242,7 @@ def test_ctrl_c_saves_and_the_run_resumes_to_the_same_end(tmp_path):
     train(QUICK, "--epochs", "12", "--out", whole)
     # Slow saves (0.3 s each) keep the run going long enough to interrupt it mid-way.
     proc = start_training(cut, 12, {"DTCLI_TEST_PAUSE_IN_SAVE": "0.3"})
-    wait_for(lambda: len(ckpt_lib.complete(cut)) >= 2)
+    wait_for(lambda: len(rundir.complete_checkpoints(cut)) >= 2)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
@@ -256,10 +259,10 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
     out = tmp_path / "run"
     proc = start_training(out, 30, {"DTCLI_TEST_PAUSE_IN_SAVE": "3"})
     folder = out / "checkpoints"
-    wait_for(lambda: ckpt_lib.complete(out) and any(folder.glob(".tmp-ckpt-*")))
+    wait_for(lambda: rundir.complete_checkpoints(out) and any(folder.glob(".tmp-ckpt-*")))
     proc.kill()
     proc.communicate(timeout=60)
-    before = ckpt_lib.latest(out)
+    before = rundir.complete_checkpoints(out)[-1]
     assert before is not None and list(folder.glob(".tmp-ckpt-*"))
     proc = dtcli("eval", out, "--json")  # the half-written save is invisible
     assert proc.returncode == 0, proc.stderr
@@ -288,7 +291,7 @@ def test_non_finite_loss_stops_loudly_and_saves_nothing_bad(tmp_path):
     )
     assert proc.returncode == 1
     assert "non-finite training loss" in proc.stderr and "Traceback" not in proc.stderr
-    assert not ckpt_lib.complete(out)
+    assert not rundir.complete_checkpoints(out)
 
 
 def test_plot_overlays_two_runs(run4, tmp_path):

@@ -1,0 +1,324 @@
+"""The run directory's contract: one writer (the lock), resume semantics, self-verifying
+checkpoints with fallback, and faults of the file system. In-process on the session's 8 CPUs
+wherever one process suffices; a second process only where two writers must race."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+from conftest import RECIPES, ROOT, checkpoint_tensors, env, snapshot
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import metrics, rundir
+
+QUICK = str(RECIPES / "quickstart.yaml")
+# Three short epochs of 3 steps each, a checkpoint after every epoch, all kept.
+SHORT = [
+    "--set",
+    "train.steps_per_epoch=3",
+    "--set",
+    "train.checkpoint_every=1",
+    "--set",
+    "train.keep=5",
+    "--no-progress",
+]
+
+
+def max_rel_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float(np.max(np.abs(a[k] - b[k])) / (np.max(np.abs(b[k])) + 1e-12)) for k in a)
+
+
+@pytest.fixture(scope="module")
+def run3(tmp_path_factory, cpu8):
+    """The quickstart for 3 short epochs: checkpoints at steps 3, 6 and 9."""
+    from dtcli import cli as cli_lib
+
+    out = tmp_path_factory.mktemp("runs") / "q3"
+    assert cli_lib.run(["train", QUICK, "--epochs", "3", "--out", str(out), *SHORT]) == 0
+    assert [p.name for p in rundir.complete_checkpoints(out)] == [
+        "ckpt-00000003",
+        "ckpt-00000006",
+        "ckpt-00000009",
+    ]
+    return out
+
+
+def copy_run(run3, tmp_path, name="run"):
+    dst = tmp_path / name
+    shutil.copytree(run3, dst)
+    return dst
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_meta_records_size_and_checksum_of_every_file(run3):
+    ckpt = rundir.complete_checkpoints(run3)[-1]
+    meta = ckpt_lib.verify(ckpt)
+    on_disk = sorted(p.name for p in ckpt.iterdir() if p.name != "meta.json")
+    assert sorted(meta["files"]) == on_disk and "ckpt.index" in on_disk
+    for name, entry in meta["files"].items():
+        assert entry["size"] == (ckpt / name).stat().st_size
+        assert len(entry["sha256"]) == 64
+
+
+def _data_file(ckpt):
+    return max((p for p in ckpt.iterdir() if p.name.startswith("ckpt.data")), key=os.path.getsize)
+
+
+DAMAGE = {
+    "truncated data file": lambda c: _data_file(c).write_bytes(_data_file(c).read_bytes()[:100]),
+    "random index file": lambda c: (c / "ckpt.index").write_bytes(
+        np.random.default_rng(0).bytes((c / "ckpt.index").stat().st_size)
+    ),
+    "garbage meta.json": lambda c: (c / "meta.json").write_text('{"step": 9, "epo'),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
+def test_resume_falls_back_from_a_damaged_checkpoint_and_ends_equal(damage, run3, tmp_path, cli):
+    run = copy_run(run3, tmp_path)
+    newest = run / "checkpoints" / "ckpt-00000009"
+    DAMAGE[damage](newest)
+    # eval of the damaged checkpoint itself: one line naming it damaged, nothing changed
+    before = snapshot(run)
+    r = cli("eval", newest)
+    assert r.code == 2 and len(r.err_lines) == 1 and "Traceback" not in r.err, r.err
+    assert "is damaged" in r.err and "ckpt-00000009" in r.err
+    assert snapshot(run) == before
+    # --resume: one warning, continues from step 6, ends equal to the uninterrupted run
+    r = cli("train", "--resume", run, "--epochs", "3", "--no-progress")
+    assert r.code == 0, r.err
+    warnings = [line for line in r.err_lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and "ckpt-00000009 is damaged" in warnings[0], r.err
+    assert "resuming" in r.err and "ckpt-00000006" in r.err
+    assert ckpt_lib.verify(newest)["step"] == 9  # rewritten whole
+    diff = max_rel_diff(
+        checkpoint_tensors(newest), checkpoint_tensors(run3 / "checkpoints" / "ckpt-00000009")
+    )
+    assert diff <= 1e-5
+    assert [r["epoch"] for r in metrics.read(run / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(run3, tmp_path, cli):
+    run = copy_run(run3, tmp_path)
+    DAMAGE["truncated data file"](run / "checkpoints" / "ckpt-00000009")
+    r = cli("eval", run, "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out.splitlines()[-1])["step"] == 6
+    assert [line for line in r.err_lines if "is damaged" in line]
+
+
+# --------------------------------------------------------------------------- resume semantics
+
+
+def test_resume_with_a_new_learning_rate_takes_effect(run3, tmp_path, cli):
+    run = copy_run(run3, tmp_path)
+    for ckpt in rundir.complete_checkpoints(run)[1:]:
+        shutil.rmtree(ckpt)  # resume from step 3
+    start = checkpoint_tensors(run / "checkpoints" / "ckpt-00000003")
+    r = cli(
+        "train",
+        "--resume",
+        run,
+        "--epochs",
+        "2",
+        "--set",
+        "optimizer.learning_rate=1e-12",
+        "--no-progress",
+    )
+    assert r.code == 0, r.err
+    after = checkpoint_tensors(run / "checkpoints" / "ckpt-00000006")
+    # 3 Adam steps of at most ~1e-12 each: the weights stay put (the recipe's 3e-3 moves them
+    # by about 1e-2, which the uninterrupted run shows).
+    assert max_rel_diff(after, start) < 1e-8
+    assert max_rel_diff(checkpoint_tensors(run3 / "checkpoints" / "ckpt-00000006"), start) > 1e-3
+    recorded = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert recorded["optimizer"]["learning_rate"] == 1e-12 and recorded["train"]["epochs"] == 2
+    (entry,) = metrics.read(run / "resumes.jsonl")
+    assert entry["checkpoint"] == "ckpt-00000003" and entry["step"] == 3
+    assert entry["changes"] == {
+        "optimizer.learning_rate": [0.003, 1e-12],
+        "train.epochs": [3, 2],
+    }
+    assert (
+        ckpt_lib.read_meta(run / "checkpoints" / "ckpt-00000006")["recipe"]["optimizer"][
+            "learning_rate"
+        ]
+        == 1e-12
+    )
+
+
+RESUME_FAILS_BEFORE_A_STEP = {
+    "mesh that does not fit": ["--mesh", "batch=3,model=2", "--devices", "cpu:8"],
+    "missing data folder": ["--set", "data.source=idx", "--set", "data.path=/no/such/folder"],
+    "layout that cannot split": ["--set", "layouts.rules={dense_0\\.kernel: [model, model]}"],
+    "fixed key": ["--set", "data.batch_size=32"],
+}
+
+
+@pytest.mark.parametrize("case", RESUME_FAILS_BEFORE_A_STEP, ids=list(RESUME_FAILS_BEFORE_A_STEP))
+def test_a_resume_that_fails_before_a_step_leaves_every_file_as_it_was(case, run3, tmp_path, cli):
+    run = copy_run(run3, tmp_path)
+    before = snapshot(run)
+    r = cli("train", "--resume", run, "--epochs", "4", *RESUME_FAILS_BEFORE_A_STEP[case])
+    assert r.code == 2 and len(r.err_lines) == 1 and r.err.startswith("error: "), r.err
+    assert snapshot(run) == before
+
+
+def test_interrupt_before_the_first_resumed_step_changes_nothing(run3, tmp_path, cli, monkeypatch):
+    from dtcli import train as train_lib
+
+    run = copy_run(run3, tmp_path)
+    before = snapshot(run)
+
+    class StopAtOnce(train_lib._StopOnSigint):
+        def __call__(self) -> bool:
+            return True
+
+    monkeypatch.setattr(train_lib, "_StopOnSigint", StopAtOnce)
+    monkeypatch.setattr(train_lib, "run_epoch", lambda session, step, state, *a, **k: state)
+    r = cli("train", "--resume", run, "--epochs", "4", "--no-progress")
+    assert r.code == 130 and "nothing new to save" in r.err, r.err
+    assert snapshot(run) == before
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+def test_a_second_writer_fails_at_once_naming_the_holder_and_the_run_resumes(tmp_path, cli):
+    out = tmp_path / "run"
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dtcli.cli",
+            "train",
+            QUICK,
+            "--out",
+            str(out),
+            "--epochs",
+            "2",
+            "--set",
+            "train.checkpoint_every=1",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while rundir.held_by(out) is None:
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        for args in (["train", QUICK, "--out", out], ["train", "--resume", out]):
+            started = time.monotonic()
+            r = cli(*args)
+            assert time.monotonic() - started < 5
+            assert r.code == 2 and len(r.err_lines) == 1, r.err
+            assert f"pid {first.pid} on " in r.err and "being written by another dtcli" in r.err
+        stdout, stderr = first.communicate(timeout=600)
+    finally:
+        first.kill()
+    assert first.returncode == 0, stderr
+    assert [r["epoch"] for r in metrics.read(out / "metrics.jsonl")] == [1, 2]
+    assert not (out / rundir.LOCK).exists()
+    r = cli(
+        "train",
+        "--resume",
+        out,
+        "--epochs",
+        "3",
+        "--set",
+        "train.steps_per_epoch=2",
+        "--no-progress",
+    )
+    assert r.code == 0, r.err
+    assert [r["epoch"] for r in metrics.read(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(run3, tmp_path, cli):
+    run = copy_run(run3, tmp_path)
+    dead = {"pid": 999999, "host": "elsewhere", "since": "2026-01-01T00:00:00"}
+    (run / rundir.LOCK).write_text(json.dumps(dead))
+    assert rundir.held_by(run) is None  # nobody holds the flock
+    r = cli("train", "--resume", run, "--epochs", "4", "--no-progress")
+    assert r.code == 0, r.err
+    assert "took over the lock of pid 999999 on elsewhere" in r.err
+    assert not (run / rundir.LOCK).exists()
+
+
+# --------------------------------------------------------------------------- full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs where the process may mount one (root); else None."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
+    )
+    if proc.returncode != 0:
+        yield None
+        return
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _fill(folder, leave: int) -> None:
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    with open(folder / "filler", "wb") as f:
+        f.write(b"\0" * max(free - leave, 0))
+
+
+def test_disk_full_during_a_save_one_line_checkpoints_intact_resume_works(
+    small_disk, tmp_path, cli, monkeypatch
+):
+    where = small_disk or tmp_path
+    run = where / "run"
+    r = cli("train", QUICK, "--epochs", "1", "--out", run, *SHORT)
+    assert r.code == 0, r.err
+    first = rundir.complete_checkpoints(run)
+    if small_disk is not None:
+        _fill(where, leave=16 * 1024)  # room for the metrics, not for a checkpoint
+    else:  # no tmpfs here: the OS error is injected where TensorFlow writes the checkpoint
+
+        def no_space(self, *a, **k):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(ckpt_lib, "_fault_point", lambda: no_space(None))
+    r = cli("train", "--resume", run, "--epochs", "2", "--no-progress")
+    assert r.code == 1 and "Traceback" not in r.err, r.err
+    assert len(r.err_lines) <= 4  # the run's own lines, then one error line
+    error = r.err_lines[-1]
+    assert error.startswith("error: saving checkpoint") and "No space left on device" in error, (
+        error
+    )
+    assert "ckpt-00000003" in error
+    assert rundir.complete_checkpoints(run) == first and ckpt_lib.verify(first[0])
+    assert not list((run / "checkpoints").glob(".tmp-*"))  # nothing half written
+    if small_disk is not None:
+        (where / "filler").unlink()
+    else:
+        monkeypatch.undo()
+    r = cli("train", "--resume", run, "--epochs", "2", "--no-progress")
+    assert r.code == 0, r.err
+    assert [p.name for p in rundir.complete_checkpoints(run)] == ["ckpt-00000003", "ckpt-00000006"]
