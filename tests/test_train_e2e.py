@@ -228,7 +228,7 @@ def start_training(out, epochs, extra_env=None):
     )
 
 
-def wait_for(condition, timeout=120.0):
+def wait_for(condition, timeout=600.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if condition():
