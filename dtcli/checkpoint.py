@@ -232,7 +232,10 @@ def _first_line(exc: BaseException) -> str:
     if found:
         return found.group(0)
     lines = [s.strip() for s in text.splitlines() if s.strip()]
-    lines = [s for s in lines if "root error(s) found" not in s and not s.startswith("(")] or lines
+    # Drop TensorFlow's framing: "N root error(s) found", "(0) ...", "[[{{node SaveV2}}]]".
+    lines = [
+        s for s in lines if "root error(s) found" not in s and not s.startswith(("(", "[["))
+    ] or lines
     return (lines[0] if lines else type(exc).__name__)[:200]
 
 

@@ -80,7 +80,7 @@ def plan(
             )
         loaded = train_lib.resume_recipe(resume, sets, mesh=mesh, epochs=epochs)
         if rundir.latest_intact(resume, "--resume", _quiet) is None:
-            raise UsageError(f"--resume {str(resume)!r}: no intact checkpoint to resume from")
+            raise rundir.no_checkpoint_error(Path(resume), "--resume", "to resume from")
         run_dir = Path(resume)
     elif recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")

@@ -314,7 +314,14 @@ def describe_keras(
     check_output(output, num_classes)
     infos, values = [], {}
     for path, var, owner in _keras_variables(model):
-        infos.append(WeightInfo(path, tuple(var.shape), owner, var.trainable))
+        shape = tuple(var.shape)
+        if 0 in shape:  # a layer of 0 units: it would train, and then fail to save
+            key = "model.build" if cfg.build else "model.layers"
+            raise UsageError(
+                f"recipe key '{key}': weight '{path}' has shape {list(shape)}, with a dim of "
+                "size 0 (a layer with 0 units or filters?)"
+            )
+        infos.append(WeightInfo(path, shape, owner, var.trainable))
         values[path] = var.numpy()
     return infos, values
 

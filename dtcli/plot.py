@@ -70,8 +70,8 @@ def plot_runs(
         if metric not in FIGURES:
             raise UsageError(f"--metric {metric!r}: expected one of {', '.join(FIGURES)}")
     out_dir = Path(out_dir)
+    runs = load_runs(run_dirs, warn)  # first: a wrong RUN_DIR also makes its default --out wrong
     rundir.check_output_folder(out_dir, "--out", refuse_held=False)
-    runs = load_runs(run_dirs, warn)
     steps = load_steps(run_dirs, list(runs), warn)
     wanted = metrics or ["loss", "accuracy"] + (["step_loss"] if steps else [])
     try:

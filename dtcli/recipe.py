@@ -382,7 +382,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-# The embedded digits (scikit-learn's copy of the UCI 8x8 digits, see data._embedded): the first
+# The embedded digits (the UCI 8x8 digits shipped in dtcli/assets, see data._embedded): the first
 # 4/5 train unless ranges are given.
 EMBEDDED_DIGITS = 1797
 

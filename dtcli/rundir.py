@@ -350,15 +350,38 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def latest_intact(run_dir: Path, arg: str, warn: Warn = _stderr) -> Path | None:
-    """The newest checkpoint that verifies; each damaged newer one is named in a warning."""
+    """The newest checkpoint that verifies, or None. When it is not the newest, one warning
+    names the damaged newer ones."""
+    damaged: list[ckpt_lib.DamagedCheckpoint] = []
     for checkpoint in reversed(complete_checkpoints(run_dir)):
         try:
             ckpt_lib.verify(checkpoint)
         except ckpt_lib.DamagedCheckpoint as exc:
-            warn(f"warning: {exc}; using the one before it")
+            damaged.append(exc)
             continue
+        if len(damaged) == 1:
+            warn(f"warning: {damaged[0]}; using the one before it, {checkpoint.name}")
+        elif damaged:
+            warn(
+                f"warning: {damaged[0]}; {len(damaged) - 1} older one(s) are damaged too; "
+                f"using {checkpoint.name}"
+            )
         return checkpoint
     return None
+
+
+def no_checkpoint_error(run_dir: Path, arg: str, wanted: str) -> UsageError:
+    """Why a run has no checkpoint to use: none was completed, or every one is damaged."""
+    found = complete_checkpoints(run_dir)
+    where = f"{arg} {str(run_dir)!r}"
+    if not found:
+        return UsageError(f"{where}: no complete checkpoint {wanted}")
+    try:
+        ckpt_lib.verify(found[-1])
+        reason = ""
+    except ckpt_lib.DamagedCheckpoint as exc:
+        reason = f" (the newest: {str(exc).split(' is damaged: ', 1)[-1]})"
+    return UsageError(f"{where}: all {len(found)} checkpoints are damaged{reason}")
 
 
 def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -> Path:
@@ -373,15 +396,12 @@ def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -
         raise UsageError(f"{arg} {str(path)!r}: neither a checkpoint nor a run directory")
     latest = latest_intact(path, arg, warn)
     if latest is None:
-        found = complete_checkpoints(path)
-        if found:
+        if not complete_checkpoints(path):
             raise UsageError(
-                f"{arg} {str(path)!r}: all {len(found)} checkpoints of this run are damaged"
+                f"{arg} {str(path)!r}: neither a checkpoint nor a run directory "
+                "with a complete checkpoint"
             )
-        raise UsageError(
-            f"{arg} {str(path)!r}: neither a checkpoint nor a run directory "
-            "with a complete checkpoint"
-        )
+        raise no_checkpoint_error(path, arg, "")
     return latest
 
 
@@ -393,7 +413,8 @@ def metrics_file(run_dir: Path, arg: str = "RUN_DIR") -> Path:
     """The epoch metrics of a run, for reading (plot)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise UsageError(f"{arg} {str(run_dir)!r}: no such folder")
+        what = "not a folder" if run_dir.exists() else "no such folder"
+        raise UsageError(f"{arg} {str(run_dir)!r}: {what}")
     path = run_dir / METRICS
     if not path.is_file():
         raise UsageError(f"{arg} {str(run_dir)!r}: no {METRICS} (has this run finished an epoch?)")

@@ -161,7 +161,7 @@ def train(
         if resume is not None and chief:
             latest = run.latest_checkpoint("--resume", warn)
             if latest is None:
-                raise UsageError(f"--resume {str(path)!r}: no intact checkpoint to resume from")
+                raise rundir.no_checkpoint_error(path, "--resume", "to resume from")
         if cluster is not None:
             # Before TensorFlow's runtime starts: a missing peer would otherwise hang it for good.
             leader = {

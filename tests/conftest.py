@@ -1,5 +1,7 @@
-"""Shared helpers. Anything that starts TensorFlow runs in a fresh process: the virtual CPU count
-can be set only before TensorFlow's runtime starts, and each mesh needs its own count."""
+"""Shared helpers. TensorFlow runs in this process on 8 virtual CPUs (the `cpu8` fixture,
+`run_cli`, `run_here`): importing it costs most of a fresh process. Only what needs another device
+count, signals, exit codes seen by a shell or several clients runs in a fresh process
+(`dtcli`, `run_python`): the virtual CPU count is fixed once TensorFlow's runtime starts."""
 
 from __future__ import annotations
 
@@ -40,9 +42,9 @@ def run_python(code: str, timeout: int = 600, extra_env: dict | None = None) -> 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def dtcli(*args: str, timeout: int = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the installed `dtcli` command as a user would."""
-    return subprocess.run(
+def dtcli(*args: object, timeout: int = 600, cwd: Path | None = None) -> Result:
+    """Run `dtcli ARGS...` in a fresh process, as a user would -> Result."""
+    proc = subprocess.run(
         [sys.executable, "-m", "dtcli.cli", *map(str, args)],
         capture_output=True,
         text=True,
@@ -50,6 +52,7 @@ def dtcli(*args: str, timeout: int = 600, cwd: Path | None = None) -> subprocess
         cwd=cwd or ROOT,
         env=env(),
     )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.fixture
@@ -71,6 +74,36 @@ def cpu8() -> None:
     devices.configure("cpu:8", 8)
 
 
+QUICK = str(RECIPES / "quickstart.yaml")
+# Short epochs of 3 steps each, a checkpoint after every epoch, all kept.
+SHORT = [
+    "--set",
+    "train.steps_per_epoch=3",
+    "--set",
+    "train.checkpoint_every=1",
+    "--set",
+    "train.keep=5",
+    "--no-progress",
+]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, cpu8) -> Path:
+    """The quickstart for 3 short epochs: checkpoints at steps 3, 6 and 9. Shared: copy it before
+    changing anything in it."""
+    from dtcli import cli as cli_lib
+    from dtcli import rundir
+
+    out = tmp_path_factory.mktemp("runs") / "q3"
+    assert cli_lib.run(["train", QUICK, "--epochs", "3", "--out", str(out), *SHORT]) == 0
+    assert [p.name for p in rundir.complete_checkpoints(out)] == [
+        "ckpt-00000003",
+        "ckpt-00000006",
+        "ckpt-00000009",
+    ]
+    return out
+
+
 @dataclass
 class Result:
     code: int
@@ -81,21 +114,67 @@ class Result:
     def err_lines(self) -> list[str]:
         return [line for line in self.err.splitlines() if line.strip()]
 
+    # The names of subprocess.CompletedProcess, so a test reads the same either way.
+    @property
+    def returncode(self) -> int:
+        return self.code
+
+    @property
+    def stdout(self) -> str:
+        return self.out
+
+    @property
+    def stderr(self) -> str:
+        return self.err
+
+
+def run_cli(*args: object, cwd: Path | None = None) -> Result:
+    """Run `dtcli ARGS...` in this process on the session's 8 virtual CPUs -> Result.
+
+    Much faster than a fresh process (TensorFlow is imported once); any scope may call it. A
+    command that needs another device count must run in a fresh process (`dtcli`)."""
+    import contextlib
+    import io
+
+    from dtcli import cli as cli_lib
+    from dtcli import devices
+
+    devices.configure("cpu:8", 8)  # what the cpu8 fixture does; a no-op once it has
+    out, err = io.StringIO(), io.StringIO()
+    before = Path.cwd()
+    try:
+        os.chdir(cwd or ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_lib.run([str(a) for a in args])
+    finally:
+        os.chdir(before)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def run_here(code: str) -> object:
+    """`run_python`'s twin for code that runs on 8 virtual CPUs: in this process (TensorFlow is
+    imported once), from the repository root; it prints one JSON value on its last line."""
+    import contextlib
+    import io
+
+    from dtcli import devices
+
+    devices.configure("cpu:8", 8)
+    out = io.StringIO()
+    before = Path.cwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out):
+            exec(compile(textwrap.dedent(code), "<run_here>", "exec"), {"__name__": "run_here"})
+    finally:
+        os.chdir(before)
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
 
 @pytest.fixture
-def cli(capsys, monkeypatch):
-    """Run `dtcli ARGS...` in this process (fast: TensorFlow is imported once) -> Result."""
-    from dtcli import cli as cli_lib
-
-    def run(*args: object, cwd: Path | None = None) -> Result:
-        capsys.readouterr()
-        with monkeypatch.context() as m:
-            m.chdir(cwd or ROOT)
-            code = cli_lib.run([str(a) for a in args])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
+def cli(cpu8):
+    """Run `dtcli ARGS...` in this process (see run_cli)."""
+    return run_cli
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

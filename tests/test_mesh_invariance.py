@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_python
+from conftest import ROOT, run_python
 
 MESHES = ["batch=1", "batch=8", "batch=4,model=2", "model=8"]
 TP_RULES = {
@@ -56,36 +56,41 @@ CASES = {
 }
 
 
-def train_20_steps(mesh: str, out: str) -> dict:
-    return run_python(
-        f"""
-        import json
-        import numpy as np
-        from dtcli import models, recipe as R, train as T
+def train_20_steps(mesh: str) -> tuple[dict, dict]:
+    """Every case for 20 steps on `mesh` in this process -> (losses, axes, sharded), weights."""
+    from dtcli import models
+    from dtcli import recipe as R
+    from dtcli import session as T
 
-        losses = {{}}
-        arrays = {{}}
-        sharded = {{}}
-        for case, sets in {CASES!r}.items():
-            s = T.prepare(R.load("recipes/quickstart.yaml", sets, mesh="{mesh}"))
-            losses[case] = T.run_steps(s, 20)
-            for path, value in models.host_weights(s.model, s.mesh).items():
-                arrays[case + "/" + path] = value
-            sharded[case] = [p.weight.path for p in s.plans if set(p.spec) != {{"unsharded"}}]
-        np.savez("{out}", **arrays)
-        print(json.dumps({{"losses": losses, "axes": s.axes, "sharded": sharded}}))
-        """
-    )
+    losses, arrays, sharded = {}, {}, {}
+    for case, sets in CASES.items():
+        s = T.prepare(R.load(ROOT / "recipes" / "quickstart.yaml", sets, mesh=mesh))
+        losses[case] = T.run_steps(s, 20)
+        for path, value in models.host_weights(s.model, s.mesh).items():
+            arrays[case + "/" + path] = value
+        sharded[case] = [p.weight.path for p in s.plans if set(p.spec) != {"unsharded"}]
+    return {"losses": losses, "axes": s.axes, "sharded": sharded}, arrays
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("invariance")
-    out = {}
-    for mesh in MESHES:
-        path = folder / f"{mesh}.npz"
-        meta = train_20_steps(mesh, str(path))
-        out[mesh] = (meta, dict(np.load(path)))
+def runs(tmp_path_factory, cpu8):
+    """batch=1 (one device) in a fresh process; the 8-device meshes in this one."""
+    path = tmp_path_factory.mktemp("invariance") / "batch=1.npz"
+    meta = run_python(
+        f"""
+        import json, sys
+        import numpy as np
+        sys.path.insert(0, "tests")
+        from test_mesh_invariance import train_20_steps
+        meta, arrays = train_20_steps("batch=1")
+        np.savez("{path}", **arrays)
+        print(json.dumps(meta))
+        """
+    )
+    out = {"batch=1": (meta, dict(np.load(path)))}
+    for mesh in MESHES[1:]:
+        meta, arrays = train_20_steps(mesh)
+        out[mesh] = (json.loads(json.dumps(meta)), arrays)
     return out
 
 

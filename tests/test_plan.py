@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import RECIPES, dtcli, run_python
+from conftest import RECIPES, run_cli, run_here
 
 from dtcli.layout import WeightInfo, plan_weights
 from dtcli.plan import Report
@@ -56,7 +56,7 @@ def test_batch_shard_per_device():
 
 
 def test_plan_json_for_the_tensor_parallel_recipe_is_about_one_eighth():
-    proc = dtcli("plan", TP, "--json")
+    proc = run_cli("plan", TP, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     params = report["totals_bytes"]["parameters"]
@@ -67,7 +67,7 @@ def test_plan_json_for_the_tensor_parallel_recipe_is_about_one_eighth():
 
 
 def test_plan_rejects_a_sharded_convolution_kernel_before_any_work(tmp_path):
-    proc = dtcli(
+    proc = run_cli(
         "plan",
         RECIPES / "mnist_cnn_2d.yaml",
         "--set",
@@ -81,13 +81,13 @@ def test_plan_rejects_a_sharded_convolution_kernel_before_any_work(tmp_path):
 def test_plan_of_every_shipped_recipe_matches_the_live_shards():
     """For each recipe: the table renders, and the bytes it reports per weight, parameters and
     optimizer slots equal the sizes of the live shards on device 0 (`dtensor.unpack`)."""
-    result = run_python(
+    result = run_here(
         f"""
         import io, json
         from pathlib import Path
         from rich.console import Console
         from tensorflow.experimental import dtensor
-        from dtcli import plan as P, recipe as R, train as T
+        from dtcli import plan as P, recipe as R, session as T
 
         out = {{}}
         for path in sorted(Path("{RECIPES}").glob("*.yaml")):
@@ -148,7 +148,7 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
 )
 def test_plan_fails_as_train_does(sets, expected):
     args = [a for s in sets for a in ("--set", s)]
-    proc = dtcli("plan", RECIPES / "quickstart.yaml", *args)
+    proc = run_cli("plan", RECIPES / "quickstart.yaml", *args)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]

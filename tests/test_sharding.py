@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import run_python
+from conftest import run_here
 
 
 def test_weight_shards_and_packed_batches_on_a_2d_mesh():
-    out = run_python(
+    out = run_here(
         """
         import json
         import numpy as np
         from tensorflow.experimental import dtensor
-        from dtcli import recipe as R, train as T
+        from dtcli import recipe as R, session as T
         from dtcli.data import Batch
 
         result = {}
@@ -67,12 +67,12 @@ def test_weight_shards_and_packed_batches_on_a_2d_mesh():
 
 def test_any_axis_names_and_data_axis_give_the_same_training():
     """Axes called data x tensor (data_axis: data) shard as batch x model do, to the same numbers."""
-    out = run_python(
+    out = run_here(
         """
         import json
         import numpy as np
         from tensorflow.experimental import dtensor
-        from dtcli import models, recipe as R, train as T
+        from dtcli import models, recipe as R, session as T
 
         weights, layouts = {}, {}
         for data_axis, model_axis in (("batch", "model"), ("data", "tensor")):

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RECIPES, ROOT, dtcli, env, run_python
+from conftest import RECIPES, ROOT, dtcli, env, run_cli
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import metrics, rundir
@@ -31,8 +31,9 @@ FIELDS = {
 }
 
 
-def train(*args, ok=True):
-    proc = dtcli("train", *args, "--no-progress")
+def train(*args, ok=True, cwd=None):
+    """`dtcli train ARGS --no-progress` in this process (8 virtual CPUs)."""
+    proc = run_cli("train", *args, "--no-progress", cwd=cwd)
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -76,7 +77,9 @@ def test_run_directory_holds_everything(run4):
 
 @pytest.mark.parametrize("mesh", ["batch=1", "batch=8", "model=8"])
 def test_eval_on_other_meshes_reproduces_training_metrics(run4, mesh):
-    proc = dtcli("eval", run4, "--mesh", mesh, "--json")
+    # One device needs a fresh process; the 8-device meshes run in this one.
+    run = dtcli if mesh == "batch=1" else run_cli
+    proc = run("eval", run4, "--mesh", mesh, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     final = metrics.read(run4 / "metrics.jsonl")[-1]
@@ -87,7 +90,7 @@ def test_eval_on_other_meshes_reproduces_training_metrics(run4, mesh):
 
 
 def test_eval_of_another_model_names_the_weight(run4):
-    proc = dtcli(
+    proc = run_cli(
         "eval",
         run4,
         "--set",
@@ -100,34 +103,30 @@ def test_eval_of_another_model_names_the_weight(run4):
 
 def test_export_serves_plain_tensors_with_the_eval_accuracy(run4, tmp_path):
     out = tmp_path / "saved"
-    proc = dtcli("export", run4, "--out", out)
+    proc = run_cli("export", run4, "--out", out)
     assert proc.returncode == 0, proc.stderr
-    result = run_python(f"""
-        import json
-        import numpy as np
-        import tensorflow as tf
-        from dtcli import data
-        from dtcli.recipe import DataConfig
-        ds = data.load(DataConfig())
-        served = tf.saved_model.load("{out}")
-        logits = served.signatures["serving_default"](x=tf.constant(ds.eval.x))["logits"].numpy()
-        print(json.dumps(float(np.mean(np.argmax(logits, 1) == ds.eval.y))))
-    """)
+    import tensorflow as tf
+
+    from dtcli import data
+    from dtcli.recipe import DataConfig
+
+    ds = data.load(DataConfig())
+    served = tf.saved_model.load(str(out))
+    logits = served.signatures["serving_default"](x=tf.constant(ds.eval.x))["logits"].numpy()
+    result = float(np.mean(np.argmax(logits, 1) == ds.eval.y))
     assert abs(result - metrics.read(run4 / "metrics.jsonl")[-1]["eval_accuracy"]) <= 1e-6
 
 
-def final_weights(run_dir, api_sets=()) -> dict:
-    return run_python(f"""
-        import json
-        from dtcli import evaluate, models, train
-        ckpt = evaluate.find_checkpoint("{run_dir}")
-        recipe = evaluate.checkpoint_recipe(ckpt)
-        s = train.prepare(recipe)
-        from dtcli.checkpoint import Checkpointer
-        Checkpointer(ckpt.parent.parent, s.checkpoint_objects(), 1).restore(ckpt)
-        w = models.host_weights(s.model, s.mesh)
-        print(json.dumps({{k: v.tolist() for k, v in w.items()}}))
-    """)
+def final_weights(run_dir) -> dict:
+    """The weights of a run's latest checkpoint, restored in this process (8 virtual CPUs)."""
+    from dtcli import devices, evaluate, models, session
+    from dtcli.checkpoint import Checkpointer
+
+    devices.configure("cpu:8", 8)
+    ckpt = evaluate.find_checkpoint(run_dir)
+    s = session.prepare(evaluate.checkpoint_recipe(ckpt))
+    Checkpointer(ckpt.parent, s.checkpoint_objects(), 1).restore(ckpt)
+    return models.host_weights(s.model, s.mesh)
 
 
 def max_rel(a: dict, b: dict) -> float:
@@ -228,11 +227,14 @@ def start_training(out, epochs, extra_env=None):
     )
 
 
-def wait_for(condition, timeout=600.0):
+def wait_for(condition, proc, timeout=600.0):
+    """Until `condition()` holds; fails at once if the training process `proc` ended first."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if condition():
             return
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended (exit {proc.returncode}): {proc.communicate()}")
         time.sleep(0.05)
     raise AssertionError("timed out waiting")
 
@@ -242,9 +244,12 @@ def test_ctrl_c_saves_and_the_run_resumes_to_the_same_end(tmp_path):
     train(QUICK, "--epochs", "12", "--out", whole)
     # Slow saves (0.3 s each) keep the run going long enough to interrupt it mid-way.
     proc = start_training(cut, 12, {"DTCLI_TEST_PAUSE_IN_SAVE": "0.3"})
-    wait_for(lambda: len(rundir.complete_checkpoints(cut)) >= 2)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    try:
+        wait_for(lambda: len(rundir.complete_checkpoints(cut)) >= 2, proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # nothing left running, even when an assert failed
     assert proc.returncode == 130, stderr
     assert f"resume with: dtcli train --resume {cut}" in stderr
     assert "Traceback" not in stderr
@@ -259,12 +264,14 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
     out = tmp_path / "run"
     proc = start_training(out, 30, {"DTCLI_TEST_PAUSE_IN_SAVE": "3"})
     folder = out / "checkpoints"
-    wait_for(lambda: rundir.complete_checkpoints(out) and any(folder.glob(".tmp-ckpt-*")))
-    proc.kill()
+    try:
+        wait_for(lambda: rundir.complete_checkpoints(out) and any(folder.glob(".tmp-ckpt-*")), proc)
+    finally:
+        proc.kill()
     proc.communicate(timeout=60)
     before = rundir.complete_checkpoints(out)[-1]
     assert before is not None and list(folder.glob(".tmp-ckpt-*"))
-    proc = dtcli("eval", out, "--json")  # the half-written save is invisible
+    proc = run_cli("eval", out, "--json")  # the half-written save is invisible
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["checkpoint"] == str(before)
     resumed = train("--resume", out, "--epochs", str(ckpt_lib.read_meta(before)["epoch"] + 1))
@@ -297,26 +304,29 @@ def test_non_finite_loss_stops_loudly_and_saves_nothing_bad(tmp_path):
 def test_plot_overlays_two_runs(run4, tmp_path):
     other = tmp_path / "other"
     train(QUICK, "--epochs", "2", "--set", "optimizer.learning_rate=1e-3", "--out", other)
-    proc = dtcli("plot", run4, other, "--out", tmp_path / "plots")
+    proc = run_cli("plot", run4, other, "--out", tmp_path / "plots")
     assert proc.returncode == 0, proc.stderr
     written = proc.stdout.split()
     assert [os.path.basename(p) for p in written] == ["loss.png", "accuracy.png", "step_loss.png"]
     assert all(os.path.getsize(p) > 10_000 for p in written)
 
 
-def test_tfds_source_with_mock_data(tmp_path):
-    result = run_python(f"""
-        import json
-        from tensorflow_datasets.testing import mock_data
-        from dtcli import recipe as R, train as T
-        recipe = R.load("recipes/mnist_core_mlp.yaml",
-                        ["data.data_dir={tmp_path}", "model.hidden=[32]", "train.epochs=1"],
-                        mesh="batch=4")
-        with mock_data(num_examples=64):
-            result = T.train(recipe, out="{tmp_path / "run"}", progress=False)
-        print(json.dumps(result.history[-1]))
-    """)
-    assert result["train_examples"] == 64 and result["eval_examples"] == 64
+def test_tfds_source_with_mock_data(tmp_path, cpu8):
+    from tensorflow_datasets.testing import mock_data
+
+    from dtcli import recipe as R
+    from dtcli import train as T
+
+    recipe = R.load(
+        RECIPES / "mnist_core_mlp.yaml",
+        [f"data.data_dir={tmp_path}", "model.hidden=[32]", "train.epochs=1", "data.batch_size=32"],
+        mesh="batch=8",
+        devices="cpu:8",
+    )
+    with mock_data(num_examples=64):
+        result = T.train(recipe, out=tmp_path / "run", progress=False)
+    assert result.history[-1]["train_examples"] == 64
+    assert result.history[-1]["eval_examples"] == 64
 
 
 def test_user_model_code_beside_the_recipe_trains_and_evaluates_from_anywhere(tmp_path):
@@ -324,7 +334,7 @@ def test_user_model_code_beside_the_recipe_trains_and_evaluates_from_anywhere(tm
     from another directory; a rule that matches nothing is reported."""
     out = tmp_path / "run"
     rules = "{up\\.kernel: [unsharded, model], down\\.kernel: [model, unsharded], nope: [model]}"
-    proc = dtcli(
+    proc = run_cli(
         "train",
         QUICK,
         "--set",
@@ -343,7 +353,7 @@ def test_user_model_code_beside_the_recipe_trains_and_evaluates_from_anywhere(tm
     assert proc.returncode == 0, proc.stderr
     assert "warning: recipe key 'layouts.rules.nope' matched no weight" in proc.stderr
     assert f"build_path: {RECIPES}" in (out / "recipe.yaml").read_text()
-    result = dtcli("eval", out, "--mesh", "batch=1", "--json", cwd=tmp_path)
+    result = run_cli("eval", out, "--mesh", "model=8", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     final = metrics.read(out / "metrics.jsonl")[-1]
     assert (

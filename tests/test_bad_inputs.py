@@ -1,0 +1,706 @@
+"""The table of bad inputs: every command, every kind of mistake a user makes.
+
+Each case runs `dtcli ...` in this process (the session's 8 virtual CPUs) from its own folder, which
+holds everything the case may touch: its recipe, a copy of a trained run, the default `runs/`. Each
+must end in at most two stderr lines, the last one `error: ...` naming what was wrong, with the
+expected exit code (2 for bad input), no traceback, and that folder byte for byte as before.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import RECIPES, snapshot
+
+from dtcli import rundir
+
+QUICK = str(RECIPES / "quickstart.yaml")
+CNN = str(RECIPES / "mnist_cnn_2d.yaml")
+
+
+@dataclass(frozen=True)
+class Case:
+    # {q}: the quickstart recipe; {r}: the case's own recipe (r.yaml); {tmp}: the case's folder;
+    # {run}: a copy of a trained run (3 checkpoints); {ckpt}: its newest checkpoint.
+    args: tuple[str, ...]
+    expect: str  # a piece of the error line
+    setup: Callable[[Path], None] | None = None
+    code: int = 2
+
+
+def c(*args: str, expect: str, setup=None, code: int = 2) -> Case:
+    return Case(tuple(args), expect, setup, code)
+
+
+# --------------------------------------------------------------------------- setups
+
+
+def recipe_text(text: str):
+    def setup(tmp: Path) -> None:
+        (tmp / "r.yaml").write_text(text)
+
+    return setup
+
+
+def recipe_bytes(data: bytes):
+    def setup(tmp: Path) -> None:
+        (tmp / "r.yaml").write_bytes(data)
+
+    return setup
+
+
+def quick_edit(edit: Callable[[dict], None]):
+    def setup(tmp: Path) -> None:
+        raw = yaml.safe_load(Path(QUICK).read_text())
+        edit(raw)
+        (tmp / "r.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    return setup
+
+
+def file_at(name: str, text: str = "x"):
+    def setup(tmp: Path) -> None:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    return setup
+
+
+def folder_at(name: str):
+    return lambda tmp: (tmp / name).mkdir(parents=True)
+
+
+def in_run(edit: Callable[[Path], None]):
+    """Damage the copied run ({run}); `edit` gets the run folder."""
+    return edit
+
+
+def newest(run: Path) -> Path:
+    return rundir.complete_checkpoints(run)[-1]
+
+
+def data_file(ckpt: Path) -> Path:
+    return max(
+        (p for p in ckpt.iterdir() if p.name.startswith("ckpt.data")),
+        key=lambda p: p.stat().st_size,
+    )
+
+
+DAMAGES = {
+    "truncated data": lambda run: data_file(newest(run)).write_bytes(
+        data_file(newest(run)).read_bytes()[:64]
+    ),
+    "random index": lambda run: (newest(run) / "ckpt.index").write_bytes(b"\x17" * 300),
+    "empty index": lambda run: (newest(run) / "ckpt.index").write_bytes(b""),
+    "garbage meta": lambda run: (newest(run) / "meta.json").write_text("{'step': 9"),
+    "meta a list": lambda run: (newest(run) / "meta.json").write_text("[1, 2]"),
+    "meta without files": lambda run: (newest(run) / "meta.json").write_text(
+        json.dumps(
+            {
+                k: v
+                for k, v in json.loads((newest(run) / "meta.json").read_text()).items()
+                if k != "files"
+            }
+        )
+    ),
+    "missing data file": lambda run: data_file(newest(run)).unlink(),
+    "extra bytes": lambda run: data_file(newest(run)).open("ab").write(b"\0" * 10),
+}
+
+
+def damaged_all(kind: str):
+    """Every checkpoint of the run damaged the same way (nothing to fall back to)."""
+
+    def setup(run: Path) -> None:
+        for ckpt in rundir.complete_checkpoints(run):
+            name = ckpt.name
+            keep = [p for p in rundir.complete_checkpoints(run) if p.name != name]
+            for other in keep:  # hide the others so `newest` is this one
+                other.rename(other.with_name("." + other.name))
+            DAMAGES[kind](run)
+            for other in keep:
+                other.with_name("." + other.name).rename(other)
+
+    return setup
+
+
+def no_checkpoints(run: Path) -> None:
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()
+
+
+def recipe_of_run(text: str):
+    return lambda run: (run / rundir.RECIPE).write_text(text)
+
+
+def resume_edit(edit: Callable[[dict], None]):
+    def setup(run: Path) -> None:
+        raw = yaml.safe_load((run / rundir.RECIPE).read_text())
+        edit(raw)
+        (run / rundir.RECIPE).write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    return setup
+
+
+# Set/reset in the test: a lock held by this process on another open file (flock is per open file).
+HELD: list = []
+
+
+def hold_lock(run: Path) -> None:
+    f = (run / rundir.LOCK).open("w")
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.write(json.dumps({"pid": 4242, "host": "node7", "since": "2026-11-23T10:00:00"}))
+    f.flush()
+    HELD.append(f)
+
+
+def s(*pairs: str) -> list[str]:
+    """--set arguments."""
+    out: list[str] = []
+    for pair in pairs:
+        out += ["--set", pair]
+    return out
+
+
+def t(*pairs: str, expect: str, **kw) -> Case:
+    """train the quickstart with --set overrides."""
+    return c("train", "{q}", *s(*pairs), expect=expect, **kw)
+
+
+# --------------------------------------------------------------------------- the table
+
+CASES: dict[str, Case] = {
+    # ---- recipe values through --set (train)
+    "seed negative": t(
+        "seed=-1", expect="recipe key 'seed': expected an integer in [0, 2**32 - 1]"
+    ),
+    "seed too big": t("seed=4294967296", expect="recipe key 'seed'"),
+    "seed a word": t("seed=abc", expect="recipe key 'seed': expected an integer, got 'abc'"),
+    "seed a float": t("seed=1.5", expect="recipe key 'seed': expected an integer, got 1.5"),
+    "name a list": t("name=[a, b]", expect="recipe key 'name': expected a string"),
+    "name empty": t("name=", expect="recipe key 'name'"),
+    "name with a slash": t("name=a/b", expect="recipe key 'name'"),
+    "devices cpu:0": t("devices=cpu:0", expect="devices"),
+    "devices cpu:08": t("devices=cpu:08", expect="devices"),
+    "devices too many cpus": t("devices=cpu:100000", expect="devices"),
+    "devices npu": t("devices=npu", expect="devices"),
+    "devices a number": t("devices=8", expect="recipe key 'devices'"),
+    "mesh axis zero": t("mesh.batch=0", expect="mesh"),
+    "mesh axis -2": t("mesh.batch=-2", expect="mesh"),
+    "mesh axis a word": t("mesh.batch=four", expect="recipe key 'mesh.batch': expected an integer"),
+    "mesh empty": t("mesh={}", expect="mesh"),
+    "mesh a list": t("mesh=[4, 2]", expect="recipe key 'mesh': expected a mapping"),
+    "mesh two -1": t("mesh={batch: -1, model: -1}", expect="mesh"),
+    "mesh product wrong": t("mesh={batch: 3, model: 2}", expect="mesh"),
+    "data axis not in mesh": t("layouts.data_axis=rows", expect="layouts.data_axis"),
+    "rule axis not in mesh": t(
+        "layouts.rules={'dense_0\\.kernel': [unsharded, tensor]}", expect="axis 'tensor'"
+    ),
+    "rule bad regex": t("layouts.rules={'dense_(': [unsharded, model]}", expect="layouts.rules"),
+    "rule dims not a list": t(
+        "layouts.rules={'dense_0\\.kernel': model}",
+        expect="recipe key 'layouts.rules.dense_0\\.kernel'",
+    ),
+    "rule rank wrong": t(
+        "layouts.rules={'dense_0\\.bias': [model, unsharded]}", expect="has rank 1"
+    ),
+    "rule shards one axis twice": t(
+        "layouts.rules={'dense_0\\.kernel': [model, model]}", expect="model"
+    ),
+    "rules a list": t("layouts.rules=[a]", expect="recipe key 'layouts.rules': expected a mapping"),
+    "layouts unknown key": t("layouts.axis=batch", expect="unknown recipe key 'layouts.axis'"),
+    "model api jax": t("model.api=jax", expect="recipe key 'model.api'"),
+    "model layers empty": t("model.layers=[]", expect="model.layers"),
+    "model layer unknown": t("model.layers=[{Dense2: {units: 10}}]", expect="Dense2"),
+    "model layer bad argument": t(
+        "model.layers=[{Dense: {unitz: 10}}]", expect="recipe key 'model.layers[0].Dense'"
+    ),
+    "model layer units zero": t(
+        "model.layers=[{Dense: {units: 0}}, {Dense: {units: 10}}]", expect="model.layers"
+    ),
+    "model layer a number": t("model.layers=[5]", expect="model.layers"),
+    "model layer two names": t(
+        "model.layers=[{Dense: {units: 8}, Flatten: {}}]", expect="model.layers"
+    ),
+    "model output too narrow": t(
+        "model.layers=[{Dense: {units: 7}}]", "layouts.rules={}", expect="10 classes"
+    ),
+    "model output too wide": t(
+        "model.layers=[{Dense: {units: 12}}]", "layouts.rules={}", expect="10 classes"
+    ),
+    "model layers and build": t("model.build=custom_models:functional_mlp", expect="model"),
+    "model build no colon": t(
+        "model.layers=null", "model.build=functional_mlp", expect="model.build"
+    ),
+    "model build no module": t(
+        "model.layers=null", "model.build=no_such_module:fn", expect="model.build"
+    ),
+    "model build no function": t(
+        "model.layers=null", "model.build=custom_models:nope", expect="model.build"
+    ),
+    "model hidden zero": t(
+        "model.api=core", "model.layers=null", "model.hidden=[0]", expect="model.hidden"
+    ),
+    "model hidden a word": t(
+        "model.api=core", "model.layers=null", "model.hidden=wide", expect="model.hidden"
+    ),
+    "model activation": t(
+        "model.api=core", "model.layers=null", "model.activation=swish", expect="model.activation"
+    ),
+    "model args a list": t("model.args=[1]", expect="recipe key 'model.args': expected a mapping"),
+    "model unknown key": t("model.units=10", expect="unknown recipe key 'model.units'"),
+    "data source": t("data.source=csv", expect="recipe key 'data.source'"),
+    "data embedded name": t("data.name=iris", expect="data.name"),
+    "data batch zero": t("data.batch_size=0", expect="data.batch_size"),
+    "data batch negative": t("data.batch_size=-64", expect="data.batch_size"),
+    "data batch a float": t(
+        "data.batch_size=64.5", expect="recipe key 'data.batch_size': expected an integer"
+    ),
+    "data batch larger than data": t("data.batch_size=4096", expect="data.batch_size"),
+    "data batch not dividing": t("data.batch_size=30", expect="does not divide"),
+    "data eval batch not dividing": t("data.eval_batch_size=30", expect="data.eval_batch_size"),
+    "data eval batch zero": t("data.eval_batch_size=0", expect="data.eval_batch_size"),
+    "data flatten a word": t(
+        "data.flatten=maybe", expect="recipe key 'data.flatten': expected true or false"
+    ),
+    "data shuffle a number": t("data.shuffle=2", expect="recipe key 'data.shuffle'"),
+    "data idx without path": t("data.source=idx", expect="data.path"),
+    "data idx path missing": t("data.source=idx", "data.path=/no/such/dir", expect="data.path"),
+    "data idx path a file": t("data.source=idx", "data.path={q}", expect="data.path"),
+    "data idx empty folder": t(
+        "data.source=idx", "data.path={tmp}/empty", expect="data.path", setup=folder_at("empty")
+    ),
+    "data idx corrupt files": t(
+        "data.source=idx",
+        "data.path={tmp}/idx",
+        expect="data.path",
+        setup=lambda tmp: [
+            file_at(f"idx/{n}", "garbage")(tmp)
+            for n in (
+                "train-images-idx3-ubyte.gz",
+                "train-labels-idx1-ubyte.gz",
+                "t10k-images-idx3-ubyte.gz",
+                "t10k-labels-idx1-ubyte.gz",
+            )
+        ],
+    ),
+    "data tfds misspelt": t("data.source=tfds", "data.name=mnistt", expect="mnist"),
+    "data range reversed": t("data.train_range=[100, 10]", expect="data.train_range"),
+    "data range three items": t("data.train_range=[0, 10, 20]", expect="data.train_range"),
+    "synthetic dim zero": t("data.source=synthetic", "data.shape=[0, 4]", expect="data.shape"),
+    "synthetic dim negative": t("data.source=synthetic", "data.shape=[8, -8]", expect="data.shape"),
+    "synthetic shape empty": t("data.source=synthetic", "data.shape=[]", expect="data.shape"),
+    "synthetic huge": t("data.source=synthetic", "data.shape=[100000, 100000]", expect="data"),
+    "synthetic one class": t("data.source=synthetic", "data.classes=1", expect="data.classes"),
+    "synthetic count zero": t("data.source=synthetic", "data.count=0", expect="data.count"),
+    "synthetic eval count negative": t(
+        "data.source=synthetic", "data.eval_count=-5", expect="data.eval_count"
+    ),
+    "data unknown key": t("data.batchsize=32", expect="unknown recipe key 'data.batchsize'"),
+    "optimizer name": t("optimizer.name=rmsprop", expect="recipe key 'optimizer.name'"),
+    "learning rate zero": t("optimizer.learning_rate=0", expect="optimizer.learning_rate"),
+    "learning rate negative": t("optimizer.learning_rate=-0.1", expect="optimizer.learning_rate"),
+    "learning rate nan": t("optimizer.learning_rate=.nan", expect="optimizer.learning_rate"),
+    "learning rate inf": t("optimizer.learning_rate=inf", expect="optimizer.learning_rate"),
+    "learning rate a word": t("optimizer.learning_rate=fast", expect="optimizer.learning_rate"),
+    "learning rate huge int": t(
+        "optimizer.learning_rate=1" + "0" * 400, expect="optimizer.learning_rate"
+    ),
+    "beta_1 one": t("optimizer.beta_1=1", expect="optimizer.beta_1"),
+    "beta_2 negative": t("optimizer.beta_2=-0.1", expect="optimizer.beta_2"),
+    "epsilon zero": t("optimizer.epsilon=0", expect="optimizer.epsilon"),
+    "momentum above 1": t(
+        "optimizer.name=sgd", "optimizer.momentum=1.5", expect="optimizer.momentum"
+    ),
+    "weight decay negative": t(
+        "optimizer.name=adamw", "optimizer.weight_decay=-1", expect="optimizer.weight_decay"
+    ),
+    "optimizer unknown key": t("optimizer.lr=0.1", expect="unknown recipe key 'optimizer.lr'"),
+    "epochs zero": t("train.epochs=0", expect="train.epochs"),
+    "epochs negative": t("train.epochs=-3", expect="train.epochs"),
+    "steps per epoch zero": t("train.steps_per_epoch=0", expect="train.steps_per_epoch"),
+    "checkpoint every negative": t("train.checkpoint_every=-1", expect="train.checkpoint_every"),
+    "keep zero": t("train.keep=0", expect="train.keep"),
+    "log every zero": t("train.log_every=0", expect="train.log_every"),
+    "train a list": t("train=[1]", expect="recipe key 'train': expected a mapping"),
+    "train unknown key": t("train.epoch=3", expect="unknown recipe key 'train.epoch'"),
+    "top-level unknown key": t("optimiser.name=sgd", expect="unknown recipe key 'optimiser'"),
+    # ---- --set, --mesh, --devices, --epochs and other train arguments
+    "set without =": c(
+        "train", "{q}", "--set", "seed", expect="--set 'seed': expected KEY.PATH=VALUE"
+    ),
+    "set empty key": c("train", "{q}", "--set", "=3", expect="--set"),
+    "set empty path part": c("train", "{q}", "--set", "optimizer..name=sgd", expect="--set"),
+    "set into a scalar": c("train", "{q}", "--set", "seed.value=1", expect="seed"),
+    "set bad yaml": c("train", "{q}", "--set", "model.layers=[{Dense: {units: 10}", expect="--set"),
+    "mesh arg no =": c(
+        "train", "{q}", "--mesh", "batch:4", expect="--mesh 'batch:4': expected AXIS=SIZE"
+    ),
+    "mesh arg empty": c("train", "{q}", "--mesh", "", expect="--mesh"),
+    "mesh arg duplicate axis": c("train", "{q}", "--mesh", "batch=4,batch=2", expect="--mesh"),
+    "mesh arg size a word": c("train", "{q}", "--mesh", "batch=four,model=2", expect="--mesh"),
+    "mesh arg size zero": c("train", "{q}", "--mesh", "batch=0,model=2", expect="--mesh"),
+    "mesh arg size -3": c("train", "{q}", "--mesh", "batch=-3,model=2", expect="--mesh"),
+    "mesh arg empty part": c("train", "{q}", "--mesh", "batch=4,,model=2", expect="--mesh"),
+    "mesh arg product": c(
+        "train", "{q}", "--mesh", "batch=2,model=2", "--devices", "cpu:8", expect="multiply to 4"
+    ),
+    "mesh arg axis typo": c(
+        "train", "{q}", "--mesh", "batch=4,modle=2", expect="did you mean 'model'"
+    ),
+    "devices arg cpu:08": c("train", "{q}", "--devices", "cpu:08", expect="--devices"),
+    "devices arg cpu:-1": c("train", "{q}", "--devices", "cpu:-1", expect="--devices"),
+    "devices arg above the cap": c("train", "{q}", "--devices", "cpu:5000", expect="--devices"),
+    "devices arg gpu:x": c("train", "{q}", "--devices", "gpu:x", expect="--devices"),
+    "devices arg empty": c("train", "{q}", "--devices", "", expect="--devices"),
+    "epochs arg zero": c("train", "{q}", "--epochs", "0", expect="epochs"),
+    "epochs arg a word": c("train", "{q}", "--epochs", "two", expect="--epochs"),
+    "unknown option": c("train", "{q}", "--epoch", "2", expect="No such option: --epoch"),
+    "option without value": c("train", "{q}", "--out", expect="--out"),
+    "no recipe": c("train", expect="RECIPE"),
+    "two recipes": c("train", "{q}", "{q}", expect="unexpected extra argument"),
+    "connect timeout zero": c("train", "{q}", "--connect-timeout", "0", expect="--connect-timeout"),
+    "connect timeout nan": c(
+        "train", "{q}", "--connect-timeout", "nan", expect="--connect-timeout"
+    ),
+    "client id without jobs": c("train", "{q}", "--client-id", "0", expect="--client-id"),
+    "client id beyond jobs": c(
+        "train",
+        "{q}",
+        "--client-id",
+        "2",
+        "--jobs",
+        "localhost:9000,localhost:9001",
+        expect="--client-id",
+    ),
+    "client id negative": c(
+        "train",
+        "{q}",
+        "--client-id",
+        "-1",
+        "--jobs",
+        "localhost:9000,localhost:9001",
+        expect="--client-id",
+    ),
+    "jobs without port": c(
+        "train", "{q}", "--client-id", "0", "--jobs", "localhost,localhost:9001", expect="--jobs"
+    ),
+    "jobs port a word": c(
+        "train", "{q}", "--client-id", "0", "--jobs", "h:x,h:9001", expect="--jobs"
+    ),
+    "jobs duplicate": c(
+        "train", "{q}", "--client-id", "0", "--jobs", "h:9000,h:9000", expect="--jobs"
+    ),
+    # ---- recipe files
+    "recipe missing": c("train", "{tmp}/nope.yaml", expect="no such file"),
+    "recipe a folder": c("train", "{tmp}", expect="recipe"),
+    "recipe empty": c("train", "{r}", expect="recipe", setup=recipe_text("")),
+    "recipe a list": c(
+        "train", "{r}", expect="expected a mapping", setup=recipe_text("- a\n- b\n")
+    ),
+    "recipe bad yaml": c("train", "{r}", expect="line", setup=recipe_text("name: [a\nseed: 1\n")),
+    "recipe tabs": c("train", "{r}", expect="line", setup=recipe_text("name: a\n\tseed: 1\n")),
+    "recipe duplicate key": c(
+        "train", "{r}", expect="'seed'", setup=recipe_text("name: a\nseed: 1\nseed: 2\n")
+    ),
+    "recipe not utf-8": c("train", "{r}", expect="UTF-8", setup=recipe_bytes(b"\xff\xfe\x00name")),
+    "recipe unknown key in file": c(
+        "train",
+        "{r}",
+        expect="unknown recipe key 'train.epochz'",
+        setup=quick_edit(lambda raw: raw["train"].__setitem__("epochz", 3)),
+    ),
+    "recipe yaml anchors loop": c(
+        "train", "{r}", expect="recipe", setup=recipe_text("name: &a [*a]\n")
+    ),
+    # ---- --out of train
+    "out is a file": c("train", "{q}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")),
+    "out under a file": c(
+        "train", "{q}", "--out", "{tmp}/f/run", expect="is a file", setup=file_at("f")
+    ),
+    "out not empty": c(
+        "train", "{q}", "--out", "{tmp}/d", expect="not empty", setup=file_at("d/mine.txt")
+    ),
+    "out in /proc": c("train", "{q}", "--out", "/proc/dtcli-run", expect="--out"),
+    "out is the running run": c("train", "{q}", "--out", "{run}", expect="{run}", setup=hold_lock),
+    # ---- resume
+    "resume with a recipe": c("train", "{q}", "--resume", "{run}", expect="--resume"),
+    "resume with out": c("train", "--resume", "{run}", "--out", "{tmp}/x", expect="--resume"),
+    "resume missing": c("train", "--resume", "{tmp}/nope", expect="--resume"),
+    "resume a file": c("train", "--resume", "{tmp}/f", expect="--resume", setup=file_at("f")),
+    "resume an empty folder": c(
+        "train", "--resume", "{tmp}/e", expect="--resume", setup=folder_at("e")
+    ),
+    "resume no checkpoint": c(
+        "train", "--resume", "{run}", expect="checkpoint", setup=no_checkpoints
+    ),
+    "resume all damaged": c(
+        "train", "--resume", "{run}", expect="checkpoint", setup=damaged_all("truncated data")
+    ),
+    "resume recipe garbage": c(
+        "train", "--resume", "{run}", expect="recipe", setup=recipe_of_run("name: [\n")
+    ),
+    "resume recipe unknown key": c(
+        "train",
+        "--resume",
+        "{run}",
+        expect="unknown recipe key",
+        setup=resume_edit(lambda raw: raw.__setitem__("colour", "red")),
+    ),
+    "resume held": c("train", "--resume", "{run}", expect="node7", setup=hold_lock),
+    "resume new optimizer": c(
+        "train", "--resume", "{run}", *s("optimizer.name=sgd"), expect="optimizer.name"
+    ),
+    "resume new batch": c(
+        "train", "--resume", "{run}", *s("data.batch_size=32"), expect="data.batch_size"
+    ),
+    "resume new seed": c("train", "--resume", "{run}", *s("seed=7"), expect="seed"),
+    "resume new model": c(
+        "train", "--resume", "{run}", *s("model.layers=[{Dense: {units: 10}}]"), expect="model"
+    ),
+    "resume bad learning rate": c(
+        "train",
+        "--resume",
+        "{run}",
+        *s("optimizer.learning_rate=-1"),
+        expect="optimizer.learning_rate",
+    ),
+    "resume bad mesh": c(
+        "train", "--resume", "{run}", "--mesh", "batch=3", "--devices", "cpu:8", expect="mesh"
+    ),
+    "resume bad devices": c("train", "--resume", "{run}", "--devices", "cpu:x", expect="--devices"),
+    "resume a checkpoint folder": c("train", "--resume", "{ckpt}", expect="--resume"),
+    # ---- eval
+    "eval missing": c("eval", "{tmp}/nope", expect="no such file or folder"),
+    "eval a file": c("eval", "{tmp}/f", expect="CHECKPOINT", setup=file_at("f")),
+    "eval an empty folder": c("eval", "{tmp}/e", expect="CHECKPOINT", setup=folder_at("e")),
+    "eval no checkpoint": c("eval", "{run}", expect="checkpoint", setup=no_checkpoints),
+    "eval all damaged": c("eval", "{run}", expect="damaged", setup=damaged_all("random index")),
+    **{
+        f"eval {kind}": c("eval", "{ckpt}", expect="damaged", setup=DAMAGES[kind])
+        for kind in DAMAGES
+    },
+    "eval split bogus": c("eval", "{run}", "--split", "valid", expect="--split"),
+    "eval batch zero": c("eval", "{run}", "--batch-size", "0", expect="--batch-size"),
+    "eval batch not dividing": c("eval", "{run}", "--batch-size", "30", expect="batch"),
+    "eval batch a word": c("eval", "{run}", "--batch-size", "big", expect="--batch-size"),
+    "eval bad mesh": c(
+        "eval", "{run}", "--mesh", "batch=3,model=2", "--devices", "cpu:8", expect="mesh"
+    ),
+    "eval bad devices": c("eval", "{run}", "--devices", "cpu:0", expect="--devices"),
+    "eval unknown set key": c(
+        "eval", "{run}", *s("data.nme=x"), expect="unknown recipe key 'data.nme'"
+    ),
+    "eval set model": c("eval", "{run}", *s("model.layers=[{Dense: {units: 10}}]"), expect="model"),
+    "eval no argument": c("eval", expect="Missing argument 'checkpoint'"),
+    # ---- export
+    "export missing": c(
+        "export", "{tmp}/nope", "--out", "{tmp}/sm", expect="no such file or folder"
+    ),
+    "export no out": c("export", "{run}", expect="--out"),
+    "export out a file": c(
+        "export", "{run}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")
+    ),
+    "export out under a file": c(
+        "export", "{run}", "--out", "{tmp}/f/sm", expect="is a file", setup=file_at("f")
+    ),
+    "export out not empty": c(
+        "export", "{run}", "--out", "{tmp}/d", expect="not empty", setup=file_at("d/x")
+    ),
+    "export out in /proc": c("export", "{run}", "--out", "/proc/dtcli-sm", expect="--out"),
+    "export out the run": c("export", "{run}", "--out", "{run}", expect="--out"),
+    "export no checkpoint": c(
+        "export", "{run}", "--out", "{tmp}/sm", expect="checkpoint", setup=no_checkpoints
+    ),
+    **{
+        f"export {kind}": c(
+            "export", "{ckpt}", "--out", "{tmp}/sm", expect="damaged", setup=DAMAGES[kind]
+        )
+        for kind in ("truncated data", "garbage meta", "random index")
+    },
+    # ---- plan
+    "plan missing recipe": c("plan", "{tmp}/nope.yaml", expect="no such file"),
+    "plan no recipe": c("plan", expect="Missing argument 'recipe'"),
+    "plan bad set": c("plan", "{q}", *s("model.api=torch"), expect="model.api"),
+    "plan bad mesh": c(
+        "plan", "{q}", "--mesh", "batch=16", "--devices", "cpu:8", expect="multiply to 16"
+    ),
+    "plan bad devices": c("plan", "{q}", "--devices", "cpu:007", expect="--devices"),
+    "plan rule rank": c(
+        "plan", "{q}", *s("layouts.rules={'dense_1\\.bias': [model, unsharded]}"), expect="rank 1"
+    ),
+    "plan not divisible": c(
+        "plan",
+        "{q}",
+        *s("model.layers=[{Dense: {units: 127}}, {Dense: {units: 10}}]"),
+        expect="does not divide",
+    ),
+    "plan duplicate key": c(
+        "plan", "{r}", expect="'name'", setup=recipe_text("name: a\nname: b\n")
+    ),
+    "plan unknown option": c("plan", "{q}", "--jsn", expect="No such option"),
+    # ---- plot
+    "plot missing run": c("plot", "{tmp}/nope", expect="no such folder"),
+    "plot no run": c("plot", expect="Missing argument 'run_dirs'"),
+    "plot run without metrics": c("plot", "{tmp}/e", expect="metrics", setup=folder_at("e")),
+    "plot a file": c(
+        "plot", "{tmp}/f", expect="RUN_DIR '{tmp}/f': not a folder", setup=file_at("f")
+    ),
+    "plot metric bogus": c(
+        "plot", "{run}", "--metric", "f1", "--out", "{tmp}/p", expect="--metric"
+    ),
+    "plot out a file": c(
+        "plot", "{run}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")
+    ),
+    "plot out under a file": c(
+        "plot", "{run}", "--out", "{tmp}/f/p", expect="is a file", setup=file_at("f")
+    ),
+    "plot out in /proc": c("plot", "{run}", "--out", "/proc/dtcli-plots", expect="--out"),
+    "plot one of two missing": c("plot", "{run}", "{tmp}/nope", "--out", "{tmp}/p", expect="nope"),
+    "plot metrics all garbage": c(
+        "plot",
+        "{tmp}/g",
+        "--out",
+        "{tmp}/p",
+        expect="metrics",
+        setup=file_at("g/metrics.jsonl", "{not json\n[1,\n"),
+    ),
+    # ---- launch
+    "launch no clients": c("launch", "{q}", expect="--clients"),
+    "launch clients zero": c("launch", "{q}", "--clients", "0", expect="--clients"),
+    "launch clients negative": c("launch", "{q}", "--clients", "-2", expect="--clients"),
+    "launch clients a word": c("launch", "{q}", "--clients", "two", expect="--clients"),
+    "launch clients not dividing": c("launch", "{q}", "--clients", "3", expect="--clients"),
+    "launch clients too many": c("launch", "{q}", "--clients", "16", expect="--clients"),
+    "launch devices per client bad": c(
+        "launch",
+        "{q}",
+        "--clients",
+        "2",
+        "--devices-per-client",
+        "cpu:x",
+        expect="--devices-per-client",
+    ),
+    "launch devices per client mismatch": c(
+        "launch",
+        "{q}",
+        "--clients",
+        "2",
+        "--devices-per-client",
+        "cpu:3",
+        expect="--devices-per-client",
+    ),
+    "launch port zero": c("launch", "{q}", "--clients", "2", "--port", "0", expect="--port"),
+    "launch port too high": c(
+        "launch", "{q}", "--clients", "2", "--port", "65535", expect="--port"
+    ),
+    "launch bad set": c("launch", "{q}", "--clients", "2", *s("train.keep=0"), expect="train.keep"),
+    "launch bad mesh": c("launch", "{q}", "--clients", "2", "--mesh", "batch=5", expect="mesh"),
+    "launch out a file": c(
+        "launch",
+        "{q}",
+        "--clients",
+        "2",
+        "--out",
+        "{tmp}/f",
+        expect="is a file",
+        setup=file_at("f"),
+    ),
+    "launch out not empty": c(
+        "launch",
+        "{q}",
+        "--clients",
+        "2",
+        "--out",
+        "{tmp}/d",
+        expect="not empty",
+        setup=file_at("d/x"),
+    ),
+    "launch resume with recipe": c(
+        "launch", "{q}", "--clients", "2", "--resume", "{run}", expect="--resume"
+    ),
+    "launch resume missing": c(
+        "launch", "--clients", "2", "--resume", "{tmp}/nope", expect="--resume"
+    ),
+    "launch resume held": c(
+        "launch", "--clients", "2", "--resume", "{run}", expect="node7", setup=hold_lock
+    ),
+    "launch no recipe": c("launch", "--clients", "2", expect="RECIPE"),
+    "launch connect timeout": c(
+        "launch", "{q}", "--clients", "2", "--connect-timeout", "-5", expect="--connect-timeout"
+    ),
+    # ---- doctor
+    "doctor devices cpu:0": c("doctor", "--devices", "cpu:0", expect="--devices"),
+    "doctor devices cpu:08": c("doctor", "--devices", "cpu:08", expect="--devices"),
+    "doctor devices npu": c("doctor", "--devices", "npu", expect="--devices"),
+    "doctor devices above the cap": c("doctor", "--devices", "cpu:9999", expect="--devices"),
+    "doctor extra argument": c("doctor", "now", expect="unexpected extra argument"),
+    "doctor unknown option": c("doctor", "--gpu", expect="No such option"),
+    # ---- the top level
+    "unknown command": c("fit", "{q}", expect="No such command"),
+    "misspelt command": c("trian", "{q}", expect="No such command"),
+}
+
+
+@pytest.mark.parametrize("name", CASES, ids=list(CASES))
+def test_bad_input(name, tmp_path, trained_run, cli, cpu8):
+    case = CASES[name]
+    tmp = tmp_path / "case"
+    tmp.mkdir()
+    run = tmp / "run"
+    if any("{run}" in a or "{ckpt}" in a for a in case.args):
+        shutil.copytree(trained_run, run)
+    ckpt = newest(run) if run.exists() else tmp / "no-run"
+    fill = {
+        "{q}": QUICK,
+        "{r}": str(tmp / "r.yaml"),
+        "{tmp}": str(tmp),
+        "{run}": str(run),
+        "{ckpt}": str(ckpt),
+    }
+
+    def expand(text: str) -> str:
+        for key, value in fill.items():
+            text = text.replace(key, value)
+        return text
+
+    try:
+        if case.setup is not None:
+            case.setup(run if run.exists() and _takes_run(case.setup) else tmp)
+        before = snapshot(tmp)
+        result = cli(*[expand(a) for a in case.args], cwd=tmp)
+        after = snapshot(tmp)
+    finally:
+        while HELD:
+            HELD.pop().close()
+    assert result.code == case.code, result.err
+    assert "Traceback" not in result.err and "Traceback" not in result.out
+    assert 1 <= len(result.err_lines) <= 2, result.err
+    last = result.err_lines[-1]
+    assert last.startswith("error: "), result.err
+    assert expand(case.expect) in last, last
+    assert after == before, sorted(set(after) ^ set(before)) or "a file changed"
+
+
+def _takes_run(setup) -> bool:
+    """Setups that damage the copied run take the run folder; the others the case folder."""
+    return setup in RUN_SETUPS or getattr(setup, "__qualname__", "").startswith(
+        ("damaged_all", "recipe_of_run", "resume_edit")
+    )
+
+
+RUN_SETUPS = {no_checkpoints, hold_lock, *DAMAGES.values()}
+
+
+def test_the_table_is_big_enough():
+    commands = {case.args[0] for case in CASES.values() if case.args}
+    assert len(CASES) >= 150
+    assert {"train", "eval", "plan", "plot", "export", "launch", "doctor"} <= commands
