@@ -92,7 +92,12 @@ def train(
                 "give no RECIPE and no --out"
             )
         loaded = train_lib.resume_recipe(
-            resume, sets or [], mesh=mesh, devices=devices, epochs=epochs
+            resume,
+            sets or [],
+            mesh=mesh,
+            devices=devices,
+            epochs=epochs,
+            chief=cluster is None or cluster.is_chief,
         )
     elif recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")

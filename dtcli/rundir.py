@@ -311,12 +311,13 @@ def check_new_locked(path: Path, arg: str) -> None:
         )
 
 
-def check_resumable(path: Path, arg: str = "--resume") -> None:
+def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:
     path = Path(path)
     if not path.is_dir():
         what = "no such folder" if not path.exists() else "not a folder"
         raise UsageError(f"{arg} {str(path)!r}: {what}")
-    info = held_by(path)  # first: a new run holds its folder before it writes recipe.yaml
+    # First: a new run holds its folder before it writes recipe.yaml.
+    info = held_by(path) if check_lock else None
     if info is not None:
         raise _held_error(arg, path, info)
     if not (path / RECIPE).is_file():
@@ -330,9 +331,10 @@ def open_for_resume(path: Path, arg: str = "--resume", warn: Warn = _stderr) -> 
     return RunDir(path, created=False, lock=Lock(path, arg, warn))
 
 
-def read_recipe_text(path: Path, arg: str = "--resume") -> Path:
-    """The run's recipe file, checked to be there (what `--resume` loads)."""
-    check_resumable(path, arg)
+def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True) -> Path:
+    """The run's recipe file, checked to be there (what `--resume` loads). `check_lock=False`:
+    for clients 1.. of a multi-client run, whose client 0 holds the lock."""
+    check_resumable(path, arg, check_lock)
     return Path(path) / RECIPE
 
 

@@ -80,9 +80,12 @@ def resume_recipe(
     mesh: str | None = None,
     devices: str | None = None,
     epochs: int | None = None,
+    chief: bool = True,
 ) -> Recipe:
-    """The recipe a run was written with, with command-line overrides (for --resume)."""
-    path = rundir.read_recipe_text(run_dir)
+    """The recipe a run was written with, with command-line overrides (for --resume).
+
+    `chief`: False for clients 1.. of a multi-client run, which read the run client 0 holds."""
+    path = rundir.read_recipe_text(run_dir, check_lock=chief)
     before = recipe_lib.load(path)
     after = recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
     for key, value in FIXED_ON_RESUME.items():

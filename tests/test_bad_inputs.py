@@ -22,7 +22,6 @@ from conftest import RECIPES, snapshot
 from dtcli import rundir
 
 QUICK = str(RECIPES / "quickstart.yaml")
-CNN = str(RECIPES / "mnist_cnn_2d.yaml")
 
 
 @dataclass(frozen=True)
@@ -76,11 +75,6 @@ def file_at(name: str, text: str = "x"):
 
 def folder_at(name: str):
     return lambda tmp: (tmp / name).mkdir(parents=True)
-
-
-def in_run(edit: Callable[[Path], None]):
-    """Damage the copied run ({run}); `edit` gets the run folder."""
-    return edit
 
 
 def newest(run: Path) -> Path:
