@@ -32,6 +32,11 @@ _NAME = re.compile(r"ckpt-(\d+)$")
 class DamagedCheckpoint(UsageError):
     """A checkpoint whose files are not what was written (one line, exit code 2)."""
 
+    def __init__(self, checkpoint: Path, reason: str, message: str | None = None) -> None:
+        self.checkpoint = Path(checkpoint)
+        self.reason = reason  # what is wrong, without the checkpoint's name
+        super().__init__(message or f"checkpoint {checkpoint} is damaged: {reason}")
+
 
 def complete(folder: Path) -> list[Path]:
     """Complete checkpoints in a checkpoints folder, oldest first (not yet verified)."""
@@ -69,31 +74,27 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
     try:
         text = (checkpoint / META).read_text()
     except FileNotFoundError:
-        raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: it has no {META}") from None
+        raise DamagedCheckpoint(checkpoint, f"it has no {META}") from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not text"
-        raise DamagedCheckpoint(
-            f"checkpoint {checkpoint} is damaged: cannot read {META} ({reason})"
-        ) from None
+        raise DamagedCheckpoint(checkpoint, f"cannot read {META} ({reason})") from None
     try:
         meta = json.loads(text)
     except ValueError:
-        raise DamagedCheckpoint(
-            f"checkpoint {checkpoint} is damaged: {META} is not complete JSON"
-        ) from None
+        raise DamagedCheckpoint(checkpoint, f"{META} is not complete JSON") from None
     if not isinstance(meta, dict):
-        raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: {META} is not an object")
+        raise DamagedCheckpoint(checkpoint, f"{META} is not an object")
     missing = [k for k in REQUIRED if k not in meta]
     if missing:
+        reason = f"{META} lacks {', '.join(missing)}"
         raise DamagedCheckpoint(
-            f"checkpoint {checkpoint} is damaged or from an older dtcli: {META} lacks "
-            f"{', '.join(missing)}"
+            checkpoint,
+            reason,
+            f"checkpoint {checkpoint} is damaged or from an older dtcli: {reason}",
         )
     if meta["format"] != FORMAT or not isinstance(meta["files"], dict) or not meta["files"]:
-        raise DamagedCheckpoint(
-            f"checkpoint {checkpoint}: {META} format {meta['format']!r} is not the {FORMAT} "
-            "this dtcli reads"
-        )
+        reason = f"{META} format {meta['format']!r} is not the {FORMAT} this dtcli reads"
+        raise DamagedCheckpoint(checkpoint, reason, f"checkpoint {checkpoint}: {reason}")
     return meta
 
 
@@ -104,17 +105,14 @@ def verify(checkpoint: Path) -> dict[str, Any]:
     for name, want in meta["files"].items():
         path = checkpoint / name
         if not path.is_file():
-            raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: {name} is missing")
+            raise DamagedCheckpoint(checkpoint, f"{name} is missing")
         size = path.stat().st_size
         if size != want.get("size"):
             raise DamagedCheckpoint(
-                f"checkpoint {checkpoint} is damaged: {name} has {size} bytes, "
-                f"{want.get('size')} were written"
+                checkpoint, f"{name} has {size} bytes, {want.get('size')} were written"
             )
         if _digest(path) != want.get("sha256"):
-            raise DamagedCheckpoint(
-                f"checkpoint {checkpoint} is damaged: {name} does not match its checksum"
-            )
+            raise DamagedCheckpoint(checkpoint, f"{name} does not match its checksum")
     return meta
 
 

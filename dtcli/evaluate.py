@@ -36,9 +36,7 @@ def checkpoint_recipe(
     """The recipe stored with a checkpoint, with command-line overrides."""
     raw = ckpt_lib.read_meta(checkpoint)["recipe"]
     if not isinstance(raw, dict):
-        raise ckpt_lib.DamagedCheckpoint(
-            f"checkpoint {checkpoint} is damaged: its recipe is not a mapping"
-        )
+        raise ckpt_lib.DamagedCheckpoint(checkpoint, "its recipe is not a mapping")
     sets = list(sets)
     if batch_size is not None:
         if batch_size < 1:

@@ -33,7 +33,7 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
         num_classes = int(meta["num_classes"])
     except (KeyError, TypeError, ValueError):
         raise ckpt_lib.DamagedCheckpoint(
-            f"checkpoint {checkpoint} is damaged: meta.json lacks a valid input_shape/num_classes"
+            checkpoint, "meta.json lacks a valid input_shape/num_classes"
         ) from None
     # Plain variables on the host's first CPU: no mesh, so no device configuration either.
     tf = devices_lib.import_tensorflow()

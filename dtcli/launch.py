@@ -79,8 +79,7 @@ def plan(
                 "give no RECIPE and no --out"
             )
         loaded = train_lib.resume_recipe(resume, sets, mesh=mesh, epochs=epochs)
-        if rundir.latest_intact(resume, "--resume", _quiet) is None:
-            raise rundir.no_checkpoint_error(Path(resume), "--resume", "to resume from")
+        rundir.require_intact(Path(resume), "--resume", "to resume from", _quiet)
         run_dir = Path(resume)
     elif recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
@@ -369,7 +368,7 @@ def _quiet(message: str) -> None:
 
 
 def _resume_hint(p: LaunchPlan) -> str:
-    latest = rundir.latest_intact(p.run_dir, "--resume", _quiet)
+    latest = rundir.latest_intact(p.run_dir, _quiet)
     if latest is None:
         return "no complete checkpoint was written"
     return (

@@ -208,8 +208,8 @@ class RunDir:
     def complete_checkpoints(self) -> list[Path]:
         return complete_checkpoints(self.path)
 
-    def latest_checkpoint(self, arg: str, warn: Warn = _stderr) -> Path | None:
-        return latest_intact(self.path, arg, warn)
+    def latest_checkpoint(self, arg: str, wanted: str, warn: Warn = _stderr) -> Path:
+        return require_intact(self.path, arg, wanted, warn)
 
     def write_text(self, path: Path, text: str) -> None:
         """Write a whole file so that readers see the old or the new content, never a part."""
@@ -351,9 +351,8 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return ckpt_lib.complete(Path(run_dir) / CHECKPOINTS)
 
 
-def latest_intact(run_dir: Path, arg: str, warn: Warn = _stderr) -> Path | None:
-    """The newest checkpoint that verifies, or None. When it is not the newest, one warning
-    names the damaged newer ones."""
+def _scan(run_dir: Path) -> tuple[Path | None, list[ckpt_lib.DamagedCheckpoint]]:
+    """The newest checkpoint that verifies (or None) and the damaged ones newer than it."""
     damaged: list[ckpt_lib.DamagedCheckpoint] = []
     for checkpoint in reversed(complete_checkpoints(run_dir)):
         try:
@@ -361,29 +360,42 @@ def latest_intact(run_dir: Path, arg: str, warn: Warn = _stderr) -> Path | None:
         except ckpt_lib.DamagedCheckpoint as exc:
             damaged.append(exc)
             continue
-        if len(damaged) == 1:
-            warn(f"warning: {damaged[0]}; using the one before it, {checkpoint.name}")
-        elif damaged:
-            warn(
-                f"warning: {damaged[0]}; {len(damaged) - 1} older one(s) are damaged too; "
-                f"using {checkpoint.name}"
-            )
+        return checkpoint, damaged
+    return None, damaged
+
+
+def _warn_damaged(damaged: list[ckpt_lib.DamagedCheckpoint], using: Path, warn: Warn) -> None:
+    if len(damaged) == 1:
+        warn(f"warning: {damaged[0]}; using the one before it, {using.name}")
+    elif damaged:
+        warn(
+            f"warning: {damaged[0]}; {len(damaged) - 1} older one(s) are damaged too; "
+            f"using {using.name}"
+        )
+
+
+def latest_intact(run_dir: Path, warn: Warn = _stderr) -> Path | None:
+    """The newest checkpoint that verifies, or None. When it is not the newest, one warning
+    names the damaged newer ones."""
+    checkpoint, damaged = _scan(run_dir)
+    if checkpoint is not None:
+        _warn_damaged(damaged, checkpoint, warn)
+    return checkpoint
+
+
+def require_intact(run_dir: Path, arg: str, wanted: str, warn: Warn = _stderr) -> Path:
+    """`latest_intact`, or one error saying why there is none: no checkpoint was completed, or
+    every one is damaged (naming what is wrong with the newest)."""
+    checkpoint, damaged = _scan(run_dir)
+    if checkpoint is not None:
+        _warn_damaged(damaged, checkpoint, warn)
         return checkpoint
-    return None
-
-
-def no_checkpoint_error(run_dir: Path, arg: str, wanted: str) -> UsageError:
-    """Why a run has no checkpoint to use: none was completed, or every one is damaged."""
-    found = complete_checkpoints(run_dir)
     where = f"{arg} {str(run_dir)!r}"
-    if not found:
-        return UsageError(f"{where}: no complete checkpoint {wanted}")
-    try:
-        ckpt_lib.verify(found[-1])
-        reason = ""
-    except ckpt_lib.DamagedCheckpoint as exc:
-        reason = f" (the newest: {str(exc).split(' is damaged: ', 1)[-1]})"
-    return UsageError(f"{where}: all {len(found)} checkpoints are damaged{reason}")
+    if not damaged:
+        raise UsageError(f"{where}: no complete checkpoint {wanted}".rstrip())
+    raise UsageError(
+        f"{where}: all {len(damaged)} checkpoints are damaged (the newest: {damaged[0].reason})"
+    )
 
 
 def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -> Path:
@@ -396,15 +408,12 @@ def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -
         return path
     if not path.is_dir():
         raise UsageError(f"{arg} {str(path)!r}: neither a checkpoint nor a run directory")
-    latest = latest_intact(path, arg, warn)
-    if latest is None:
-        if not complete_checkpoints(path):
-            raise UsageError(
-                f"{arg} {str(path)!r}: neither a checkpoint nor a run directory "
-                "with a complete checkpoint"
-            )
-        raise no_checkpoint_error(path, arg, "")
-    return latest
+    if not complete_checkpoints(path):
+        raise UsageError(
+            f"{arg} {str(path)!r}: neither a checkpoint nor a run directory "
+            "with a complete checkpoint"
+        )
+    return require_intact(path, arg, "", warn)
 
 
 def run_of_checkpoint(checkpoint: Path) -> Path:

@@ -162,9 +162,7 @@ def train(
     try:
         latest = None
         if resume is not None and chief:
-            latest = run.latest_checkpoint("--resume", warn)
-            if latest is None:
-                raise rundir.no_checkpoint_error(path, "--resume", "to resume from")
+            latest = run.latest_checkpoint("--resume", "to resume from", warn)
         if cluster is not None:
             # Before TensorFlow's runtime starts: a missing peer would otherwise hang it for good.
             leader = {

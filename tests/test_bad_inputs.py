@@ -30,12 +30,13 @@ class Case:
     # {run}: a copy of a trained run (3 checkpoints); {ckpt}: its newest checkpoint.
     args: tuple[str, ...]
     expect: str  # a piece of the error line
-    setup: Callable[[Path], None] | None = None
+    setup: Callable[[Path], None] | None = None  # prepares the case's folder
+    damage: Callable[[Path], None] | None = None  # changes the copied run
     code: int = 2
 
 
-def c(*args: str, expect: str, setup=None, code: int = 2) -> Case:
-    return Case(tuple(args), expect, setup, code)
+def c(*args: str, expect: str, setup=None, damage=None, code: int = 2) -> Case:
+    return Case(tuple(args), expect, setup, damage, code)
 
 
 # --------------------------------------------------------------------------- setups
@@ -424,7 +425,7 @@ CASES: dict[str, Case] = {
         "train", "{q}", "--out", "{tmp}/d", expect="not empty", setup=file_at("d/mine.txt")
     ),
     "out in /proc": c("train", "{q}", "--out", "/proc/dtcli-run", expect="--out"),
-    "out is the running run": c("train", "{q}", "--out", "{run}", expect="{run}", setup=hold_lock),
+    "out is the running run": c("train", "{q}", "--out", "{run}", expect="{run}", damage=hold_lock),
     # ---- resume
     "resume with a recipe": c("train", "{q}", "--resume", "{run}", expect="--resume"),
     "resume with out": c("train", "--resume", "{run}", "--out", "{tmp}/x", expect="--resume"),
@@ -434,22 +435,22 @@ CASES: dict[str, Case] = {
         "train", "--resume", "{tmp}/e", expect="--resume", setup=folder_at("e")
     ),
     "resume no checkpoint": c(
-        "train", "--resume", "{run}", expect="checkpoint", setup=no_checkpoints
+        "train", "--resume", "{run}", expect="checkpoint", damage=no_checkpoints
     ),
     "resume all damaged": c(
-        "train", "--resume", "{run}", expect="checkpoint", setup=damaged_all("truncated data")
+        "train", "--resume", "{run}", expect="checkpoint", damage=damaged_all("truncated data")
     ),
     "resume recipe garbage": c(
-        "train", "--resume", "{run}", expect="recipe", setup=recipe_of_run("name: [\n")
+        "train", "--resume", "{run}", expect="recipe", damage=recipe_of_run("name: [\n")
     ),
     "resume recipe unknown key": c(
         "train",
         "--resume",
         "{run}",
         expect="unknown recipe key",
-        setup=resume_edit(lambda raw: raw.__setitem__("colour", "red")),
+        damage=resume_edit(lambda raw: raw.__setitem__("colour", "red")),
     ),
-    "resume held": c("train", "--resume", "{run}", expect="node7", setup=hold_lock),
+    "resume held": c("train", "--resume", "{run}", expect="node7", damage=hold_lock),
     "resume new optimizer": c(
         "train", "--resume", "{run}", *s("optimizer.name=sgd"), expect="optimizer.name"
     ),
@@ -476,10 +477,10 @@ CASES: dict[str, Case] = {
     "eval missing": c("eval", "{tmp}/nope", expect="no such file or folder"),
     "eval a file": c("eval", "{tmp}/f", expect="CHECKPOINT", setup=file_at("f")),
     "eval an empty folder": c("eval", "{tmp}/e", expect="CHECKPOINT", setup=folder_at("e")),
-    "eval no checkpoint": c("eval", "{run}", expect="checkpoint", setup=no_checkpoints),
-    "eval all damaged": c("eval", "{run}", expect="damaged", setup=damaged_all("random index")),
+    "eval no checkpoint": c("eval", "{run}", expect="checkpoint", damage=no_checkpoints),
+    "eval all damaged": c("eval", "{run}", expect="damaged", damage=damaged_all("random index")),
     **{
-        f"eval {kind}": c("eval", "{ckpt}", expect="damaged", setup=DAMAGES[kind])
+        f"eval {kind}": c("eval", "{ckpt}", expect="damaged", damage=DAMAGES[kind])
         for kind in DAMAGES
     },
     "eval split bogus": c("eval", "{run}", "--split", "valid", expect="--split"),
@@ -512,11 +513,11 @@ CASES: dict[str, Case] = {
     "export out in /proc": c("export", "{run}", "--out", "/proc/dtcli-sm", expect="--out"),
     "export out the run": c("export", "{run}", "--out", "{run}", expect="--out"),
     "export no checkpoint": c(
-        "export", "{run}", "--out", "{tmp}/sm", expect="checkpoint", setup=no_checkpoints
+        "export", "{run}", "--out", "{tmp}/sm", expect="checkpoint", damage=no_checkpoints
     ),
     **{
         f"export {kind}": c(
-            "export", "{ckpt}", "--out", "{tmp}/sm", expect="damaged", setup=DAMAGES[kind]
+            "export", "{ckpt}", "--out", "{tmp}/sm", expect="damaged", damage=DAMAGES[kind]
         )
         for kind in ("truncated data", "garbage meta", "random index")
     },
@@ -625,7 +626,7 @@ CASES: dict[str, Case] = {
         "launch", "--clients", "2", "--resume", "{tmp}/nope", expect="--resume"
     ),
     "launch resume held": c(
-        "launch", "--clients", "2", "--resume", "{run}", expect="node7", setup=hold_lock
+        "launch", "--clients", "2", "--resume", "{run}", expect="node7", damage=hold_lock
     ),
     "launch no recipe": c("launch", "--clients", "2", expect="RECIPE"),
     "launch connect timeout": c(
@@ -668,7 +669,9 @@ def test_bad_input(name, tmp_path, trained_run, cli, cpu8):
 
     try:
         if case.setup is not None:
-            case.setup(run if run.exists() and _takes_run(case.setup) else tmp)
+            case.setup(tmp)
+        if case.damage is not None:
+            case.damage(run)
         before = snapshot(tmp)
         result = cli(*[expand(a) for a in case.args], cwd=tmp)
         after = snapshot(tmp)
@@ -682,16 +685,6 @@ def test_bad_input(name, tmp_path, trained_run, cli, cpu8):
     assert last.startswith("error: "), result.err
     assert expand(case.expect) in last, last
     assert after == before, sorted(set(after) ^ set(before)) or "a file changed"
-
-
-def _takes_run(setup) -> bool:
-    """Setups that damage the copied run take the run folder; the others the case folder."""
-    return setup in RUN_SETUPS or getattr(setup, "__qualname__", "").startswith(
-        ("damaged_all", "recipe_of_run", "resume_edit")
-    )
-
-
-RUN_SETUPS = {no_checkpoints, hold_lock, *DAMAGES.values()}
 
 
 def test_the_table_is_big_enough():

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RECIPES, ROOT, dtcli, env
+from conftest import RECIPES, ROOT, dtcli, env, run_cli
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import cluster as cluster_lib
@@ -229,10 +229,10 @@ def test_clients_with_different_recipes_are_stopped_by_the_preflight(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def single_run(tmp_path_factory):
-    """The quickstart in one process on 8 virtual CPUs (batch=4 x model=2)."""
+def single_run(tmp_path_factory, cpu8):
+    """The quickstart in one process on 8 virtual CPUs (batch=4 x model=2): this one."""
     out = tmp_path_factory.mktemp("single") / "run"
-    proc = dtcli("train", QUICK, "--epochs", EPOCHS, "--out", out, "--no-progress")
+    proc = run_cli("train", QUICK, "--epochs", EPOCHS, "--out", out, "--no-progress")
     assert proc.returncode == 0, proc.stderr
     return out
 

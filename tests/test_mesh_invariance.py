@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_python
+from conftest import ROOT
 
 MESHES = ["batch=1", "batch=8", "batch=4,model=2", "model=8"]
 TP_RULES = {
@@ -56,46 +56,42 @@ CASES = {
 }
 
 
-def train_20_steps(mesh: str) -> tuple[dict, dict]:
-    """Every case for 20 steps on `mesh` in this process -> (losses, axes, sharded), weights."""
+def train_20_steps(mesh: str, use_devices: int | None = None) -> tuple[dict, dict]:
+    """Every case for 20 steps on `mesh` in this process -> (losses, axes, sharded), weights.
+    `use_devices=1`: a mesh of this process's first device alone (as `dtcli doctor` compares)."""
     from dtcli import models
     from dtcli import recipe as R
     from dtcli import session as T
 
     losses, arrays, sharded = {}, {}, {}
     for case, sets in CASES.items():
-        s = T.prepare(R.load(ROOT / "recipes" / "quickstart.yaml", sets, mesh=mesh))
+        recipe = R.load(ROOT / "recipes" / "quickstart.yaml", sets, mesh=mesh, devices="cpu:8")
+        s = T.prepare(recipe, use_devices=use_devices)
         losses[case] = T.run_steps(s, 20)
         for path, value in models.host_weights(s.model, s.mesh).items():
             arrays[case + "/" + path] = value
         sharded[case] = [p.weight.path for p in s.plans if set(p.spec) != {"unsharded"}]
-    return {"losses": losses, "axes": s.axes, "sharded": sharded}, arrays
+    return {
+        "losses": losses,
+        "axes": s.axes,
+        "sharded": sharded,
+        "devices": s.mesh.num_local_devices(),
+    }, arrays
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, cpu8):
-    """batch=1 (one device) in a fresh process; the 8-device meshes in this one."""
-    path = tmp_path_factory.mktemp("invariance") / "batch=1.npz"
-    meta = run_python(
-        f"""
-        import json, sys
-        import numpy as np
-        sys.path.insert(0, "tests")
-        from test_mesh_invariance import train_20_steps
-        meta, arrays = train_20_steps("batch=1")
-        np.savez("{path}", **arrays)
-        print(json.dumps(meta))
-        """
-    )
-    out = {"batch=1": (meta, dict(np.load(path)))}
+def runs(cpu8):
+    """Every mesh in this process: batch=1 on its first device, the others on all 8."""
+    out = {"batch=1": train_20_steps("batch=1", use_devices=1)}
     for mesh in MESHES[1:]:
-        meta, arrays = train_20_steps(mesh)
-        out[mesh] = (json.loads(json.dumps(meta)), arrays)
+        out[mesh] = train_20_steps(mesh)
     return out
 
 
 def test_meshes_are_what_they_say(runs):
     assert runs["batch=1"][0]["axes"] == {"batch": 1, "model": 1}
+    assert runs["batch=1"][0]["devices"] == 1
+    assert {runs[mesh][0]["devices"] for mesh in MESHES[1:]} == {8}
     assert runs["batch=8"][0]["axes"] == {"batch": 8, "model": 1}
     assert runs["batch=4,model=2"][0]["axes"] == {"batch": 4, "model": 2}
     assert runs["model=8"][0]["axes"] == {"model": 8, "batch": 1}

@@ -4,13 +4,14 @@ accuracy whatever the placement (data-parallel, tensor-parallel, 2-D)."""
 from __future__ import annotations
 
 import pytest
-from conftest import RECIPES, dtcli
+from conftest import RECIPES, run_cli
 
 from dtcli import metrics
 
 
 def train_on_idx(recipe: str, mnist, out) -> dict:
-    proc = dtcli(
+    """Train in this process: the shipped recipes run on 8 virtual CPUs, as the session does."""
+    proc = run_cli(
         "train",
         RECIPES / recipe,
         "--set",
@@ -26,14 +27,14 @@ def train_on_idx(recipe: str, mnist, out) -> dict:
 
 
 @pytest.mark.slow
-def test_core_mlp_reaches_092_after_3_epochs(shared_mnist, tmp_path):
+def test_core_mlp_reaches_092_after_3_epochs(shared_mnist, tmp_path, cpu8):
     final = train_on_idx("mnist_core_mlp.yaml", shared_mnist, tmp_path / "core")
     assert final["epoch"] == 3 and final["eval_examples"] == 5000
     assert final["eval_accuracy"] >= 0.92
 
 
 @pytest.mark.slow
-def test_tensor_parallel_and_2d_match_data_parallel(shared_mnist, tmp_path):
+def test_tensor_parallel_and_2d_match_data_parallel(shared_mnist, tmp_path, cpu8):
     finals = {
         name: train_on_idx(f"{name}.yaml", shared_mnist, tmp_path / name)
         for name in ("mnist_keras_dp", "mnist_mlp_tensor_parallel", "mnist_mlp_2d")

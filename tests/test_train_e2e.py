@@ -203,7 +203,12 @@ def test_resume_onto_another_mesh(run2, run4, whole_weights, tmp_path):
     assert max_rel(final_weights(split), whole_weights) <= 1e-4
 
 
+# Short epochs for the tests that interrupt a run: the interruption, not the training, is tested.
+FOUR_STEPS = ["--set", "train.steps_per_epoch=4"]
+
+
 def start_training(out, epochs, extra_env=None):
+    """The quickstart in a fresh process (it gets signals), 4 steps an epoch, a save each."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -215,6 +220,7 @@ def start_training(out, epochs, extra_env=None):
             str(epochs),
             "--set",
             "train.checkpoint_every=1",
+            *FOUR_STEPS,
             "--out",
             str(out),
             "--no-progress",
@@ -241,9 +247,9 @@ def wait_for(condition, proc, timeout=600.0):
 
 def test_ctrl_c_saves_and_the_run_resumes_to_the_same_end(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    train(QUICK, "--epochs", "12", "--out", whole)
-    # Slow saves (0.3 s each) keep the run going long enough to interrupt it mid-way.
-    proc = start_training(cut, 12, {"DTCLI_TEST_PAUSE_IN_SAVE": "0.3"})
+    train(QUICK, "--epochs", "12", *FOUR_STEPS, "--out", whole)
+    # Slow saves (1 s each) keep the run going long enough to interrupt it mid-way.
+    proc = start_training(cut, 12, {"DTCLI_TEST_PAUSE_IN_SAVE": "1"})
     try:
         wait_for(lambda: len(rundir.complete_checkpoints(cut)) >= 2, proc)
         proc.send_signal(signal.SIGINT)
