@@ -5,6 +5,8 @@ count, signals, exit codes seen by a shell or several clients runs in a fresh pr
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -69,9 +71,27 @@ def cpu8() -> None:
     Every in-process test that touches TensorFlow asks for it, whatever the order the tests run
     in; a test that needs another device count runs in a fresh process instead.
     """
+    use_cpu8()
+
+
+def use_cpu8() -> None:
+    """8 virtual CPUs for TensorFlow in this process (a no-op once configured)."""
     from dtcli import devices
 
     devices.configure("cpu:8", 8)
+
+
+@contextlib.contextmanager
+def in_process(cwd: Path, stdout: io.StringIO, stderr: io.StringIO | None = None):
+    """Run code here as a fresh process would: on 8 virtual CPUs, from `cwd`, its output caught."""
+    use_cpu8()
+    before = Path.cwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr or sys.stderr):
+            yield
+    finally:
+        os.chdir(before)
 
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -133,41 +153,20 @@ def run_cli(*args: object, cwd: Path | None = None) -> Result:
 
     Much faster than a fresh process (TensorFlow is imported once); any scope may call it. A
     command that needs another device count must run in a fresh process (`dtcli`)."""
-    import contextlib
-    import io
-
     from dtcli import cli as cli_lib
-    from dtcli import devices
 
-    devices.configure("cpu:8", 8)  # what the cpu8 fixture does; a no-op once it has
     out, err = io.StringIO(), io.StringIO()
-    before = Path.cwd()
-    try:
-        os.chdir(cwd or ROOT)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli_lib.run([str(a) for a in args])
-    finally:
-        os.chdir(before)
+    with in_process(cwd or ROOT, out, err):
+        code = cli_lib.run([str(a) for a in args])
     return Result(code, out.getvalue(), err.getvalue())
 
 
 def run_here(code: str) -> object:
     """`run_python`'s twin for code that runs on 8 virtual CPUs: in this process (TensorFlow is
     imported once), from the repository root; it prints one JSON value on its last line."""
-    import contextlib
-    import io
-
-    from dtcli import devices
-
-    devices.configure("cpu:8", 8)
     out = io.StringIO()
-    before = Path.cwd()
-    try:
-        os.chdir(ROOT)
-        with contextlib.redirect_stdout(out):
-            exec(compile(textwrap.dedent(code), "<run_here>", "exec"), {"__name__": "run_here"})
-    finally:
-        os.chdir(before)
+    with in_process(ROOT, out):
+        exec(compile(textwrap.dedent(code), "<run_here>", "exec"), {"__name__": "run_here"})
     return json.loads(out.getvalue().strip().splitlines()[-1])
 
 

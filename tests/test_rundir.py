@@ -26,23 +26,17 @@ def max_rel_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(a[k] - b[k])) / (np.max(np.abs(b[k])) + 1e-12)) for k in a)
 
 
-@pytest.fixture
-def run3(trained_run):
-    """The quickstart for 3 short epochs: checkpoints at steps 3, 6 and 9 (never modify it)."""
-    return trained_run
-
-
-def copy_run(run3, tmp_path, name="run"):
+def copy_run(trained_run, tmp_path, name="run"):
     dst = tmp_path / name
-    shutil.copytree(run3, dst)
+    shutil.copytree(trained_run, dst)
     return dst
 
 
 # --------------------------------------------------------------------------- checkpoints
 
 
-def test_checkpoint_meta_records_size_and_checksum_of_every_file(run3):
-    ckpt = rundir.complete_checkpoints(run3)[-1]
+def test_checkpoint_meta_records_size_and_checksum_of_every_file(trained_run):
+    ckpt = rundir.complete_checkpoints(trained_run)[-1]
     meta = ckpt_lib.verify(ckpt)
     on_disk = sorted(p.name for p in ckpt.iterdir() if p.name != "meta.json")
     assert sorted(meta["files"]) == on_disk and "ckpt.index" in on_disk
@@ -65,8 +59,10 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
-def test_resume_falls_back_from_a_damaged_checkpoint_and_ends_equal(damage, run3, tmp_path, cli):
-    run = copy_run(run3, tmp_path)
+def test_resume_falls_back_from_a_damaged_checkpoint_and_ends_equal(
+    damage, trained_run, tmp_path, cli
+):
+    run = copy_run(trained_run, tmp_path)
     newest = run / "checkpoints" / "ckpt-00000009"
     DAMAGE[damage](newest)
     # eval of the damaged checkpoint itself: one line naming it damaged, nothing changed
@@ -83,14 +79,17 @@ def test_resume_falls_back_from_a_damaged_checkpoint_and_ends_equal(damage, run3
     assert "resuming" in r.err and "ckpt-00000006" in r.err
     assert ckpt_lib.verify(newest)["step"] == 9  # rewritten whole
     diff = max_rel_diff(
-        checkpoint_tensors(newest), checkpoint_tensors(run3 / "checkpoints" / "ckpt-00000009")
+        checkpoint_tensors(newest),
+        checkpoint_tensors(trained_run / "checkpoints" / "ckpt-00000009"),
     )
     assert diff <= 1e-5
     assert [r["epoch"] for r in metrics.read(run / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(run3, tmp_path, cli):
-    run = copy_run(run3, tmp_path)
+def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
+    trained_run, tmp_path, cli
+):
+    run = copy_run(trained_run, tmp_path)
     DAMAGE["truncated data file"](run / "checkpoints" / "ckpt-00000009")
     r = cli("eval", run, "--json")
     assert r.code == 0, r.err
@@ -101,8 +100,8 @@ def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(ru
 # --------------------------------------------------------------------------- resume semantics
 
 
-def test_resume_with_a_new_learning_rate_takes_effect(run3, tmp_path, cli):
-    run = copy_run(run3, tmp_path)
+def test_resume_with_a_new_learning_rate_takes_effect(trained_run, tmp_path, cli):
+    run = copy_run(trained_run, tmp_path)
     for ckpt in rundir.complete_checkpoints(run)[1:]:
         shutil.rmtree(ckpt)  # resume from step 3
     start = checkpoint_tensors(run / "checkpoints" / "ckpt-00000003")
@@ -121,7 +120,10 @@ def test_resume_with_a_new_learning_rate_takes_effect(run3, tmp_path, cli):
     # 3 Adam steps of at most ~1e-12 each: the weights stay put (the recipe's 3e-3 moves them
     # by about 1e-2, which the uninterrupted run shows).
     assert max_rel_diff(after, start) < 1e-8
-    assert max_rel_diff(checkpoint_tensors(run3 / "checkpoints" / "ckpt-00000006"), start) > 1e-3
+    assert (
+        max_rel_diff(checkpoint_tensors(trained_run / "checkpoints" / "ckpt-00000006"), start)
+        > 1e-3
+    )
     recorded = yaml.safe_load((run / "recipe.yaml").read_text())
     assert recorded["optimizer"]["learning_rate"] == 1e-12 and recorded["train"]["epochs"] == 2
     (entry,) = metrics.read(run / "resumes.jsonl")
@@ -147,18 +149,22 @@ RESUME_FAILS_BEFORE_A_STEP = {
 
 
 @pytest.mark.parametrize("case", RESUME_FAILS_BEFORE_A_STEP, ids=list(RESUME_FAILS_BEFORE_A_STEP))
-def test_a_resume_that_fails_before_a_step_leaves_every_file_as_it_was(case, run3, tmp_path, cli):
-    run = copy_run(run3, tmp_path)
+def test_a_resume_that_fails_before_a_step_leaves_every_file_as_it_was(
+    case, trained_run, tmp_path, cli
+):
+    run = copy_run(trained_run, tmp_path)
     before = snapshot(run)
     r = cli("train", "--resume", run, "--epochs", "4", *RESUME_FAILS_BEFORE_A_STEP[case])
     assert r.code == 2 and len(r.err_lines) == 1 and r.err.startswith("error: "), r.err
     assert snapshot(run) == before
 
 
-def test_interrupt_before_the_first_resumed_step_changes_nothing(run3, tmp_path, cli, monkeypatch):
+def test_interrupt_before_the_first_resumed_step_changes_nothing(
+    trained_run, tmp_path, cli, monkeypatch
+):
     from dtcli import train as train_lib
 
-    run = copy_run(run3, tmp_path)
+    run = copy_run(trained_run, tmp_path)
     before = snapshot(run)
 
     class StopAtOnce(train_lib._StopOnSigint):
@@ -231,8 +237,8 @@ def test_a_second_writer_fails_at_once_naming_the_holder_and_the_run_resumes(tmp
     assert [r["epoch"] for r in metrics.read(out / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(run3, tmp_path, cli):
-    run = copy_run(run3, tmp_path)
+def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(trained_run, tmp_path, cli):
+    run = copy_run(trained_run, tmp_path)
     dead = {"pid": 999999, "host": "elsewhere", "since": "2026-01-01T00:00:00"}
     (run / rundir.LOCK).write_text(json.dumps(dead))
     assert rundir.held_by(run) is None  # nobody holds the flock

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RECIPES, ROOT, dtcli, env, run_cli
+from conftest import RECIPES, ROOT, dtcli, env, run_cli, use_cpu8
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import metrics, rundir
@@ -119,10 +119,10 @@ def test_export_serves_plain_tensors_with_the_eval_accuracy(run4, tmp_path):
 
 def final_weights(run_dir) -> dict:
     """The weights of a run's latest checkpoint, restored in this process (8 virtual CPUs)."""
-    from dtcli import devices, evaluate, models, session
+    from dtcli import evaluate, models, session
     from dtcli.checkpoint import Checkpointer
 
-    devices.configure("cpu:8", 8)
+    use_cpu8()
     ckpt = evaluate.find_checkpoint(run_dir)
     s = session.prepare(evaluate.checkpoint_recipe(ckpt))
     Checkpointer(ckpt.parent, s.checkpoint_objects(), 1).restore(ckpt)
