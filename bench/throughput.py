@@ -134,6 +134,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed epochs of each loop")
     parser.add_argument("--synthetic", action="store_true", help="synthetic data, no files")
     parser.add_argument("--json", default=None, help="also write the result to this file")
+    parser.add_argument(
+        "--steps-per-call",
+        default=None,
+        help="comma list of train.steps_per_call values, each timed as its own dtcli loop "
+        "(default: the recipe's)",
+    )
     args = parser.parse_args()
 
     import dataclasses
@@ -164,11 +170,23 @@ def main() -> None:
     hand_epoch = hand_written_loop(
         session.mesh, recipe.layouts.data_axis, initial, widths, recipe.optimizer.learning_rate
     )
-    train_step, _ = session_lib.make_steps(session)
-
-    def dtcli_epoch(epoch: int) -> tuple[float, float]:
-        state = session_lib.run_epoch(session, train_step, session_lib.EpochState(epoch))
-        return state.count / state.seconds, state.loss_sum / state.count
+    ks = (
+        [int(k) for k in args.steps_per_call.split(",")]
+        if args.steps_per_call
+        else [recipe.train.steps_per_call]
+    )
+    loops = {}
+    for k in ks:
+        # Each K its own session from the same seed: the same initial weights and examples.
+        s_k = session if k == ks[0] else session_lib.prepare(recipe)
+        s_k = dataclasses.replace(
+            s_k,
+            recipe=recipe_lib.replace(
+                recipe,
+                train=dataclasses.replace(_steps(recipe.train, full), steps_per_call=k),
+            ),
+        )
+        loops[f"dtcli K={k}" if len(ks) > 1 else "dtcli"] = _dtcli_epoch(s_k, session_lib)
 
     def hand(epoch: int) -> tuple[float, float]:
         order = data_lib.epoch_order(len(session.data.train), recipe.seed, epoch, True)
@@ -177,15 +195,17 @@ def main() -> None:
         examples, mean_loss = hand_epoch(x, y, batch)
         return examples / (time.perf_counter() - start), mean_loss
 
-    rates: dict[str, list[float]] = {"dtcli": [], "hand": []}
+    loops["hand"] = hand
+    rates: dict[str, list[float]] = {name: [] for name in loops}
     losses: dict[str, float] = {}
-    for epoch in range(args.repeats + 1):  # epoch 0 traces both steps: not timed
-        for name, fn in (("dtcli", dtcli_epoch), ("hand", hand)):
+    for epoch in range(args.repeats + 1):  # epoch 0 traces every step: not timed
+        for name, fn in loops.items():
             rate, loss = fn(epoch)
             if epoch:
                 rates[name].append(rate)
             losses[name] = loss
     med = {k: statistics.median(v) for k, v in rates.items()}
+    first = next(iter(loops))
     result = {
         "recipe": Path(args.recipe).name,
         "data": session.data.description,
@@ -193,25 +213,38 @@ def main() -> None:
         "devices": session.devices.text,
         "steps_per_epoch": full,
         "repeats": args.repeats,
-        "dtcli_examples_per_sec": med["dtcli"],
+        "dtcli_examples_per_sec": med[first],
         "hand_examples_per_sec": med["hand"],
-        "ratio": med["dtcli"] / med["hand"],
-        "dtcli_all": rates["dtcli"],
-        "hand_all": rates["hand"],
-        "dtcli_epoch_loss": losses["dtcli"],
-        "hand_epoch_loss": losses["hand"],
+        "ratio": med[first] / med["hand"],
+        "examples_per_sec": {
+            name: {"min": min(v), "median": med[name], "max": max(v), "all": v}
+            for name, v in rates.items()
+        },
+        "ratios": {name: med[name] / med["hand"] for name in loops},
+        "epoch_loss": losses,
     }
     print(
         f"{result['recipe']} on {result['mesh']} ({result['devices']}), {full} steps of {batch}, "
-        f"median of {args.repeats} epochs each:\n"
-        f"  dtcli        {med['dtcli']:10,.0f} examples/s   {_list(rates['dtcli'])}\n"
-        f"  hand-written {med['hand']:10,.0f} examples/s   {_list(rates['hand'])}\n"
-        f"  ratio dtcli/hand = {result['ratio']:.3f}\n"
-        f"  last epoch's mean loss: dtcli {losses['dtcli']:.6f}, hand-written {losses['hand']:.6f}"
+        f"{args.repeats} epochs each, alternated (min / median / max):"
     )
+    for name, v in rates.items():
+        print(
+            f"  {name:14} {min(v):10,.0f} {med[name]:10,.0f} {max(v):10,.0f} examples/s   "
+            f"x{med[name] / med['hand']:.3f} of hand   last epoch's mean loss {losses[name]:.6f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
+
+
+def _dtcli_epoch(session, session_lib):
+    train_call, _ = session_lib.make_steps(session)
+
+    def epoch(index: int) -> tuple[float, float]:
+        state = session_lib.run_epoch(session, train_call, session_lib.EpochState(index))
+        return state.count / state.seconds, state.loss_sum / state.count
+
+    return epoch
 
 
 def _steps(train_cfg, steps: int):

@@ -48,6 +48,11 @@ class Batch:
     mask: np.ndarray  # 1.0 for real examples, 0.0 for padding
 
 
+def empty_like(batch: Batch) -> Batch:
+    """A batch of the same shapes holding no example (mask all zero): pads a block of steps."""
+    return Batch(np.zeros_like(batch.x), np.zeros_like(batch.y), np.zeros_like(batch.mask))
+
+
 def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> Dataset:
     """Load the configured data set, scaled to [0, 1] and shaped for the model."""
     if cfg.source == "embedded":
@@ -468,34 +473,52 @@ class Packer:
         per = batch_size // self.shards
         return np.concatenate([np.arange(s * per, (s + 1) * per) for s in self.local_shards])
 
-    def layout(self, rank: int) -> Any:
-        if rank not in self._layouts:
-            from dtcli.layout import batch_layout
+    def layout(self, rank: int, batch_dim: int = 0) -> Any:
+        if (rank, batch_dim) not in self._layouts:
+            from dtcli.layout import to_layout
 
-            self._layouts[rank] = batch_layout(self.mesh, self.data_axis, rank)
-        return self._layouts[rank]
+            spec = [UNSHARDED] * rank
+            spec[batch_dim] = self.data_axis
+            self._layouts[rank, batch_dim] = to_layout(tuple(spec), self.mesh)
+        return self._layouts[rank, batch_dim]
 
-    def pack(self, array: np.ndarray) -> Any:
-        """`array`: the rows `rows()` names, i.e. the local shards back to back (in one
-        process: the whole global batch)."""
+    def pack(self, array: np.ndarray, batch_dim: int = 0) -> Any:
+        """`array`: the rows `rows()` names along `batch_dim`, i.e. the local shards back to
+        back (in one process: the whole global batch)."""
         from tensorflow.experimental import dtensor
 
         held = len(self.local_shards)
-        if len(array) % held:
+        if array.shape[batch_dim] % held:
             raise UsageError(
-                f"a batch of {len(array)} does not divide by the data axis size {self.shards}"
+                f"a batch of {array.shape[batch_dim]} does not divide by the data axis size "
+                f"{self.shards}"
             )
-        parts = np.split(array, held)
+        parts = np.split(array, held, axis=batch_dim)
         return dtensor.pack(
-            [parts[self._position[s]] for s in self.shard_of_device], self.layout(array.ndim)
+            [parts[self._position[s]] for s in self.shard_of_device],
+            self.layout(array.ndim, batch_dim),
         )
 
     def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
         packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)
+        self._verify_once(batch.x, packed[0])
+        return packed
+
+    def pack_block(self, batches: list[Batch]) -> tuple[Any, Any, Any]:
+        """K batches as one block [K, batch, ...]: the batch dim (1) sharded, K replicated."""
+        xs = np.stack([b.x for b in batches])
+        packed = (
+            self.pack(xs, 1),
+            self.pack(np.stack([b.y for b in batches]), 1),
+            self.pack(np.stack([b.mask for b in batches]), 1),
+        )
+        self._verify_once(xs, packed[0])
+        return packed
+
+    def _verify_once(self, array: np.ndarray, packed: Any) -> None:
         if not self._verified:
             self._verified = True
-            self.verify(batch.x, packed[0])
-        return packed
+            self.verify(array, packed)
 
     def verify(self, array: np.ndarray, packed: Any) -> None:
         """Check once that DTensor reads the packed batch as the host batch, row for row.

@@ -95,6 +95,10 @@ class OptimizerConfig:
     weight_decay: float = 0.004
 
 
+# The default K of train.steps_per_call, chosen by measurement (bench/loop.py).
+STEPS_PER_CALL = 4
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 1
@@ -105,6 +109,10 @@ class TrainConfig:
     keep: int = 3
     # Write the per-step training loss to TensorBoard every N steps.
     log_every: int = 10
+    # Training steps per compiled call: K batches go to the mesh as one block and the host reads
+    # the step results back once per call. Progress, Ctrl-C and mid-epoch saves happen between
+    # calls. A loss that is not finite stops the updates inside the call.
+    steps_per_call: int = STEPS_PER_CALL
 
 
 @dataclass(frozen=True)
@@ -471,6 +479,11 @@ def _check_train(t: TrainConfig) -> None:
         raise UsageError(
             "recipe key 'train.steps_per_epoch': expected an integer >= 1 or null, "
             f"got {t.steps_per_epoch}"
+        )
+    if not 1 <= t.steps_per_call <= 1000:
+        raise UsageError(
+            "recipe key 'train.steps_per_call': expected an integer from 1 to 1000, "
+            f"got {t.steps_per_call}"
         )
     for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
         value = getattr(t, key)

@@ -9,7 +9,7 @@ mesh. train (the loop), eval, doctor and bench import this module; it imports no
 
 from __future__ import annotations
 
-import math
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +113,15 @@ def prepare(
 
 
 def make_steps(session: Session) -> tuple[Any, Any]:
-    """The compiled train and eval steps. Both return sums over the global batch."""
+    """The compiled train call and eval step.
+
+    The train call runs K steps (K = the leading dim of its inputs, `train.steps_per_call`) in one
+    `tf.function`, on a block of K batches already on the mesh, and returns per-step vectors
+    (loss, correct, count) and `applied`, the steps whose loss was finite. Once a loss is not
+    finite no later update of the call is applied: the weights kept are the last finite ones.
+    A step whose mask is all zero (padding of an epoch's last block) changes nothing. The eval
+    step returns sums over the global batch.
+    """
     import tensorflow as tf
 
     model = session.model
@@ -129,8 +137,7 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             "count": tf.reduce_sum(mask),
         }
 
-    @tf.function
-    def train_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
+    def one_step(x: Any, y: Any, mask: Any, apply: Any) -> dict[str, Any]:
         with tf.GradientTape() as tape:
             logits = model.forward(x, training=True)
             out = sums(logits, y, mask)
@@ -138,19 +145,71 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             if model.regularization is not None:
                 loss += model.regularization()
         grads = tape.gradient(loss, variables)
-        # All gradients before any update. This barrier alone does NOT make the step right with
-        # DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
-        # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it forced on.
-        with tf.control_dependencies(grads):
-            optimizer.apply(grads, variables)
+        finite = tf.math.is_finite(loss)
+
+        def update() -> Any:
+            # All gradients before any update. This barrier alone does NOT make the step right
+            # with DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
+            # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it on.
+            with tf.control_dependencies(grads):
+                optimizer.apply(grads, variables)
+            return tf.constant(True)
+
+        applied = tf.cond(
+            tf.logical_and(apply, tf.logical_and(finite, out["count"] > 0)),
+            update,
+            lambda: tf.constant(False),
+        )
         out["loss"] = loss
+        out["finite"] = finite
+        out["applied"] = applied
         return out
+
+    @tf.function
+    def train_call(xs: Any, ys: Any, masks: Any) -> dict[str, Any]:
+        steps = xs.shape[0]
+        losses = tf.zeros([steps])
+        correct = tf.zeros([steps])
+        count = tf.zeros([steps])
+        applied = tf.constant(0)
+        healthy = tf.constant(True)
+        # tf.range, not range: one traced step whatever K is (a Python loop would compile K).
+        for i in tf.range(steps):
+            out = one_step(xs[i], ys[i], masks[i], healthy)
+            healthy = tf.logical_and(healthy, out["finite"])
+            applied += tf.cast(out["applied"], tf.int32)
+            # TensorArrays do not expand under DTensor; one-hot sums do.
+            at = tf.one_hot(i, steps)
+            losses += at * out["loss"]
+            correct += at * out["correct"]
+            count += at * out["count"]
+        return {"loss": losses, "correct": correct, "count": count, "applied": applied}
 
     @tf.function
     def eval_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
         return sums(model.forward(x, training=False), y, mask)
 
-    return train_step, eval_step
+    return train_call, eval_step
+
+
+def steps_per_call(session: Session) -> int:
+    return session.recipe.train.steps_per_call
+
+
+def train_block(session: Session, train_call: Any, batches: list[data_lib.Batch]) -> dict:
+    """Run `batches` (at most K) in one call; padded to K so that the shapes never change.
+    Returns host numpy: per-step loss/correct/count of the real steps, and `applied`."""
+    k = steps_per_call(session)
+    real = len(batches)
+    if real < k:
+        batches = batches + [data_lib.empty_like(batches[0])] * (k - real)
+    out = train_call(*session.packer.pack_block(batches))
+    return {
+        "loss": out["loss"].numpy()[:real],
+        "correct": out["correct"].numpy()[:real],
+        "count": out["count"].numpy()[:real],
+        "applied": int(out["applied"].numpy()),
+    }
 
 
 def evaluate(
@@ -182,18 +241,20 @@ def _batches(session: Session, split: data_lib.Split, batch_size: int, order: An
 
 def run_steps(session: Session, steps: int) -> list[float]:
     """Train `steps` steps in data order (for mesh-equivalence checks); returns the losses."""
-    train_step, _ = make_steps(session)
+    train_call, _ = make_steps(session)
     recipe = session.recipe
+    k = steps_per_call(session)
     losses: list[float] = []
     epoch = 0
     while len(losses) < steps:
         order = data_lib.epoch_order(
             len(session.data.train), recipe.seed, epoch, recipe.data.shuffle
         )
-        for batch in _batches(session, session.data.train, recipe.data.batch_size, order):
-            if len(losses) == steps:
-                break
-            losses.append(float(train_step(*session.packer.pack_batch(batch))["loss"]))
+        order = order[: (steps - len(losses)) * recipe.data.batch_size]
+        batches = _batches(session, session.data.train, recipe.data.batch_size, order)
+        while block := list(itertools.islice(batches, k)):
+            out = train_block(session, train_call, block)
+            losses += [float(v) for v in out["loss"]]
         epoch += 1
     return losses
 
@@ -220,43 +281,48 @@ def epoch_steps(session: Session) -> int:
 
 def run_epoch(
     session: Session,
-    train_step: Any,
+    train_call: Any,
     state: EpochState,
     bar: Any = None,
     writer: Any = None,
     stop: Any = None,
     trained: Any = None,
 ) -> EpochState:
-    """Train the rest of one epoch (from `state.batch`); returns early when `stop()` is true.
+    """Train the rest of one epoch (from `state.batch`), K steps a call; returns early, at a call
+    boundary, when `stop()` is true.
 
-    `trained()` is called once after each finite step, before anything of it is written."""
+    `trained()` is called once after each call that applied a step, before anything of it is
+    written. A non-finite loss raises NonFiniteLoss with the optimizer step it happened at."""
     recipe = session.recipe
     split = session.data.train
     steps = epoch_steps(session)
+    k = steps_per_call(session)
     order = data_lib.epoch_order(len(split), recipe.seed, state.epoch, recipe.data.shuffle)
     order = order[state.batch * recipe.data.batch_size : steps * recipe.data.batch_size]
     log_every = recipe.train.log_every
     started = time.perf_counter() - state.seconds
-    for batch in _batches(session, split, recipe.data.batch_size, order):
+    batches = _batches(session, split, recipe.data.batch_size, order)
+    while block := list(itertools.islice(batches, k)):
         called = time.perf_counter()
-        out = train_step(*session.packer.pack_batch(batch))
-        loss = float(out["loss"])
+        out = train_block(session, train_call, block)
         if not session.compiled:
             session.compiled = True
             state.compile_seconds = time.perf_counter() - called
-        if not math.isfinite(loss):
-            raise NonFiniteLoss(loss)
-        if trained is not None:
+        first = state.epoch * steps + state.batch + 1  # the optimizer's step of block[0]
+        good = out["applied"]
+        if good and trained is not None:
             trained()
-        n = float(out["count"])
-        state.batch += 1
-        state.loss_sum += loss * n
-        state.correct += float(out["correct"])
-        state.count += n
+        for j in range(good):
+            n = float(out["count"][j])
+            state.batch += 1
+            state.loss_sum += float(out["loss"][j]) * n
+            state.correct += float(out["correct"][j])
+            state.count += n
+            if writer is not None and (first + j) % log_every == 0:
+                writer.step_loss(first + j, float(out["loss"][j]))
+        if good < len(block):
+            raise NonFiniteLoss(float(out["loss"][good]), first + good)
         state.seconds = time.perf_counter() - started
-        step = state.epoch * steps + state.batch  # the optimizer's step, without a device read
-        if writer is not None and step % log_every == 0:
-            writer.step_loss(step, loss)
         if bar is not None:
             bar.update(
                 state.batch,
@@ -270,5 +336,6 @@ def run_epoch(
 
 
 class NonFiniteLoss(Exception):
-    def __init__(self, loss: float):
+    def __init__(self, loss: float, step: int):
         self.loss = loss
+        self.step = step  # the optimizer step whose loss it was (its update was not applied)

@@ -450,8 +450,8 @@ def _loop(
             bar.stop()
             raise TrainingError(
                 f"non-finite training loss ({exc.loss}) in epoch {epoch + 1} at step "
-                f"{int(session.optimizer.iterations.numpy())}; the run stopped without saving "
-                f"these weights; last good checkpoint: {checkpointer.latest() or 'none'}; "
+                f"{exc.step}; the run stopped without saving; last good checkpoint: "
+                f"{checkpointer.latest() or 'none'}; "
                 "try a lower optimizer.learning_rate"
             ) from None
         bar.stop()

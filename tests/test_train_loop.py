@@ -1,0 +1,83 @@
+"""Several steps per compiled call (`train.steps_per_call`): the same training as one step per
+call, a padded last block that changes nothing, and a non-finite loss inside a call that keeps
+the last finite weights and names its step. In this process, on the session's 8 virtual CPUs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import RECIPES
+
+from dtcli import data as data_lib
+from dtcli import models
+from dtcli import recipe as R
+from dtcli import session as T
+
+# A 2-D mesh, so that both the batch split and the tensor-parallel layers are in the step.
+SETS = ["optimizer.name=adam", "optimizer.learning_rate=0.01", "data.batch_size=32"]
+
+
+def session(k: int, extra: list[str] = ()) -> T.Session:
+    return T.prepare(
+        R.load(RECIPES / "quickstart.yaml", [*SETS, f"train.steps_per_call={k}", *extra]),
+        splits=("train",),
+    )
+
+
+def weights(s: T.Session) -> dict[str, np.ndarray]:
+    return models.host_weights(s.model, s.mesh)
+
+
+@pytest.fixture(scope="module")
+def one_per_call(cpu8):
+    """7 steps, one per call: the reference."""
+    s = session(1)
+    losses = T.run_steps(s, 7)
+    return losses, weights(s), int(s.optimizer.iterations.numpy())
+
+
+@pytest.mark.parametrize("k", [3, 16])
+def test_k_steps_per_call_train_as_one_per_call(one_per_call, k):
+    # 7 steps: blocks of 3 end with a padded block (3, 3, 1 + 2 empty); 16: one padded block.
+    losses, reference, iterations = one_per_call
+    s = session(k)
+    got = T.run_steps(s, 7)
+    assert len(got) == 7
+    np.testing.assert_allclose(got, losses, rtol=1e-5)
+    for path, value in weights(s).items():
+        np.testing.assert_allclose(value, reference[path], rtol=1e-5, atol=1e-6, err_msg=path)
+    # Padding steps apply no update: the optimizer counted exactly the real steps.
+    assert int(s.optimizer.iterations.numpy()) == iterations == 7
+
+
+def poison(s: T.Session, batch: int) -> None:
+    """One NaN pixel in the `batch`-th batch of epoch 0: that step's loss is NaN."""
+    cfg = s.recipe.data
+    order = data_lib.epoch_order(len(s.data.train), s.recipe.seed, 0, cfg.shuffle)
+    s.data.train.x[order[batch * cfg.batch_size]].flat[0] = np.nan
+
+
+def test_a_non_finite_loss_inside_a_call_keeps_the_last_finite_weights(cpu8):
+    clean = session(1)
+    T.run_steps(clean, 5)
+    s = session(4)
+    poison(s, 5)  # the 6th step: the second call's second step
+    state = T.EpochState(0)
+    with pytest.raises(T.NonFiniteLoss) as caught:
+        T.run_epoch(s, T.make_steps(s)[0], state)
+    assert caught.value.step == 6 and np.isnan(caught.value.loss)
+    # Step 5 was applied, step 6 and the rest of its call were not.
+    assert int(s.optimizer.iterations.numpy()) == 5 and state.batch == 5
+    reference = weights(clean)
+    for path, value in weights(s).items():
+        assert np.all(np.isfinite(value)), path
+        np.testing.assert_allclose(value, reference[path], rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+def test_an_epoch_in_blocks_counts_every_example_once(cpu8):
+    """An epoch of 1437 examples in batches of 32 (45 steps, the last padded) in calls of 4."""
+    s = session(4)
+    state = T.run_epoch(s, T.make_steps(s)[0], T.EpochState(0))
+    assert state.batch == 45 == T.epoch_steps(s)
+    assert state.count == len(s.data.train) == 1437
+    assert int(s.optimizer.iterations.numpy()) == 45
