@@ -534,7 +534,7 @@ class Packer:
         if len(self.local_shards) != self.shards:
             return
         whole = dtensor.unpack(dtensor.relayout(packed, replicated(self.mesh, array.ndim)))[0]
-        if not np.array_equal(whole.numpy(), array):
+        if not np.array_equal(whole.numpy(), array, equal_nan=True):
             raise RuntimeError(
                 f"packing bug: the batch on mesh {self.mesh} is not the host batch "
                 f"(data axis {self.data_axis!r})"

@@ -123,9 +123,11 @@ def make_steps(session: Session) -> tuple[Any, Any]:
     step returns sums over the global batch.
     """
     import tensorflow as tf
+    from tensorflow.experimental import dtensor
 
     model = session.model
     optimizer = session.optimizer
+    packer = session.packer
     variables = model.trainable_variables
 
     def sums(logits: Any, y: Any, mask: Any) -> dict[str, Any]:
@@ -175,7 +177,15 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         healthy = tf.constant(True)
         # tf.range, not range: one traced step whatever K is (a Python loop would compile K).
         for i in tf.range(steps):
-            out = one_step(xs[i], ys[i], masks[i], healthy)
+            # tf.gather, not xs[i]: DTensor gives a strided slice with a dynamic index the
+            # layout of its input shifted by one dim (measured: a rank-5 block trains on
+            # scrambled rows with no error; MaxPool refuses "unsharded,batch,..."). The
+            # relayout states the step's batch layout (a no-op when it is already right).
+            x, y, mask = (
+                dtensor.relayout(tf.gather(t, i), packer.layout(len(t.shape) - 1))
+                for t in (xs, ys, masks)
+            )
+            out = one_step(x, y, mask, healthy)
             healthy = tf.logical_and(healthy, out["finite"])
             applied += tf.cast(out["applied"], tf.int32)
             # TensorArrays do not expand under DTensor; one-hot sums do.
@@ -302,7 +312,8 @@ def run_epoch(
     log_every = recipe.train.log_every
     started = time.perf_counter() - state.seconds
     batches = _batches(session, split, recipe.data.batch_size, order)
-    while block := list(itertools.islice(batches, k)):
+    # stop() is checked before each call (a Ctrl-C stops the run before its next call).
+    while not (stop is not None and stop()) and (block := list(itertools.islice(batches, k))):
         called = time.perf_counter()
         out = train_block(session, train_call, block)
         if not session.compiled:
@@ -330,8 +341,6 @@ def run_epoch(
                 state.correct / state.count,
                 state.count / state.seconds,
             )
-        if stop is not None and stop():
-            break
     return state
 
 

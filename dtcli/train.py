@@ -441,7 +441,22 @@ def _loop(
         if on_first_step is not None:
             on_first_step()
 
+    def interrupt(state: EpochState) -> None:
+        """Ctrl-C: save where the run is (unless a checkpoint of this step exists) and stop."""
+        step = int(session.optimizer.iterations.numpy())
+        run_dir = checkpointer.folder.parent
+        latest = checkpointer.latest()
+        if not trained:  # nothing new since the checkpoint this run resumed from
+            raise Interrupted(latest, run_dir, saved=False)
+        if latest is None or latest.name != f"ckpt-{step:08d}":
+            latest = checkpointer.save(step, _meta(session, step, state))
+        raise Interrupted(latest, run_dir)
+
     while state.epoch < cfg.epochs:
+        # Checked here too: with K >= the steps of an epoch, an epoch is one call, and a Ctrl-C
+        # during it (or during the evaluation or save after it) lands at an epoch boundary.
+        if stop is not None and stop():
+            interrupt(state)
         epoch = state.epoch
         bar.start(epoch + 1, cfg.epochs, steps, done=state.batch)
         try:
@@ -457,11 +472,7 @@ def _loop(
         bar.stop()
         step = int(session.optimizer.iterations.numpy())
         if state.batch < steps:  # stopped by Ctrl-C: save where we are, mid-epoch
-            run_dir = checkpointer.folder.parent
-            if not trained:  # nothing new since the checkpoint this run resumed from
-                raise Interrupted(checkpointer.latest(), run_dir, saved=False)
-            saved = checkpointer.save(step, _meta(session, step, state))
-            raise Interrupted(saved, run_dir)
+            interrupt(state)
         ev = evaluate(session, eval_step, session.data.eval, eval_packed)
         record = {
             "epoch": epoch + 1,
