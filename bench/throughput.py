@@ -144,8 +144,8 @@ def main() -> None:
 
     import dataclasses
 
-    from dtcli import data as data_lib
     from dtcli import models
+    from dtcli import pipeline as pipeline_lib
     from dtcli import recipe as recipe_lib
     from dtcli import session as session_lib
 
@@ -189,7 +189,7 @@ def main() -> None:
         loops[f"dtcli K={k}" if len(ks) > 1 else "dtcli"] = _dtcli_epoch(s_k, session_lib)
 
     def hand(epoch: int) -> tuple[float, float]:
-        order = data_lib.epoch_order(len(session.data.train), recipe.seed, epoch, True)
+        order = pipeline_lib.epoch_order(len(session.data.train), recipe.seed, epoch, True)
         x, y = session.data.train.x[order], session.data.train.y[order]
         start = time.perf_counter()
         examples, mean_loss = hand_epoch(x, y, batch)

@@ -1,13 +1,15 @@
-"""Data sets (embedded, TFDS, IDX files, synthetic), fixed-shape batches, and packing onto a mesh.
+"""Data sets: where examples come from, and their splits.
 
-Data is held in host memory as numpy arrays: the data sets dtcli targets are small enough, and
-host-side batching keeps every batch the same shape (no retracing) and the order a pure function
-of (seed, epoch), which makes resuming exact. A ragged last batch is padded and masked.
+Small data sets (embedded, IDX files, synthetic) are read whole into host memory as numpy
+(`Split`); large ones (TFRecord files, image folders, TFDS) are streamed through tf.data as they
+train (`Stream`), never held whole. dtcli.pipeline batches both kinds the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dtcli.errors import UsageError
-from dtcli.recipe import UNSHARDED, DataConfig
+from dtcli.recipe import DataConfig
 
 
 @dataclass(frozen=True)
@@ -28,29 +30,43 @@ class Split:
     def __len__(self) -> int:
         return len(self.y)
 
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A split read from files as it trains.
+
+    tfrecord: `files` are TFRecord files, `counts` the records in each; images: `files` are image
+    files (one example each) and `labels` their classes; tfds: `files` is empty and `counts` holds
+    the split's size (TFDS reads its own files)."""
+
+    kind: str  # "tfrecord" | "images" | "tfds"
+    files: tuple[str, ...]
+    counts: tuple[int, ...]
+    labels: tuple[int, ...]
+    example_shape: tuple[int, ...]  # as the model sees one example
+    cfg: DataConfig
+    classes: int
+    tfds_split: str = ""
+    where: str = ""  # the recipe key the files came from, for errors
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
 
 @dataclass(frozen=True)
 class Dataset:
-    train: Split
-    eval: Split
+    train: Split | Stream
+    eval: Split | Stream
     num_classes: int
     description: str
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train.x.shape[1:])
-
-
-@dataclass(frozen=True)
-class Batch:
-    x: np.ndarray
-    y: np.ndarray
-    mask: np.ndarray  # 1.0 for real examples, 0.0 for padding
-
-
-def empty_like(batch: Batch) -> Batch:
-    """A batch of the same shapes holding no example (mask all zero): pads a block of steps."""
-    return Batch(np.zeros_like(batch.x), np.zeros_like(batch.y), np.zeros_like(batch.mask))
+        return self.eval.example_shape
 
 
 def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> Dataset:
@@ -60,7 +76,11 @@ def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> D
     elif cfg.source == "idx":
         ds = _idx(cfg)
     elif cfg.source == "tfds":
-        ds = _tfds(cfg, split_names)
+        return _tfds(cfg, split_names)
+    elif cfg.source == "tfrecord":
+        return _tfrecord(cfg, split_names)
+    elif cfg.source == "images":
+        return _images(cfg, split_names)
     else:
         ds = _synthetic(cfg)
     return Dataset(_shape(ds.train, cfg), _shape(ds.eval, cfg), ds.num_classes, ds.description)
@@ -100,6 +120,8 @@ def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
         info = _tfds_builder(cfg).info
         example = tuple(int(d) for d in info.features["image"].shape)
         classes = info.features["label"].num_classes
+    elif cfg.source == "images":
+        example, classes = tuple(cfg.shape), len(_class_folders(Path(cfg.path or ""), "path"))
     else:
         example, classes = tuple(cfg.shape), cfg.classes
     if cfg.flatten:
@@ -326,50 +348,431 @@ def _tfds_builder(cfg: DataConfig) -> Any:
         ) from None
 
 
+def _model_shape(example: tuple[int, ...], cfg: DataConfig) -> tuple[int, ...]:
+    """The shape the model sees: flattened, or with a channel dim for (H, W) images."""
+    if cfg.flatten:
+        return (int(np.prod(example)),)
+    return example + (1,) if len(example) == 2 else example
+
+
 def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
-    import tensorflow_datasets as tfds
-
-    num_classes = _tfds_builder(cfg).info.features["label"].num_classes
-
-    def read(split: str, key: str) -> Split:
+    """A TFDS data set, streamed from its prepared files (converted to nothing)."""
+    builder = _tfds_builder(cfg)
+    info = builder.info
+    num_classes = info.features["label"].num_classes
+    if cfg.download:
         try:
-            ds = tfds.load(
-                cfg.name,
-                split=split,
-                data_dir=cfg.data_dir,
-                download=cfg.download,
-                as_supervised=True,
-            )
-        except AssertionError:
-            where = cfg.data_dir or "~/tensorflow_datasets"
+            builder.download_and_prepare()
+        except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"
             raise UsageError(
-                f"recipe key 'data.name': TFDS data set {cfg.name!r} is not prepared in {where} "
-                f"and data.download is false; prepare it where there is network "
-                f"(`tfds build {cfg.name} --data_dir DIR`) and set data.data_dir=DIR, or "
-                "--set data.download=true"
+                f"recipe key 'data.download': preparing TFDS {cfg.name!r} failed "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
             ) from None
-        except ValueError as exc:
-            raise UsageError(
-                f"recipe key 'data.{key}': {split!r} is not a valid split ({exc})"
-            ) from None
-        xs, ys = [], []
-        for x, y in tfds.as_numpy(ds.batch(4096)):
-            xs.append(x)
-            ys.append(y)
-        if not xs:
-            raise UsageError(f"recipe key 'data.{key}': split {split!r} holds no examples")
-        return Split(_scale(np.concatenate(xs)), np.concatenate(ys))
 
-    train = read(cfg.train_split, "train_split") if "train" in split_names else None
-    evaluate = read(cfg.eval_split, "eval_split")
-    if train is None:
-        train = Split(evaluate.x[:0], evaluate.y[:0])
+    def stream(split: str, key: str) -> Stream:
+        try:
+            count = int(info.splits[split].num_examples)
+        except (KeyError, ValueError, AssertionError) as exc:
+            if not info.splits:
+                where = cfg.data_dir or "~/tensorflow_datasets"
+                raise UsageError(
+                    f"recipe key 'data.name': TFDS data set {cfg.name!r} is not prepared in "
+                    f"{where} and data.download is false; prepare it where there is network "
+                    f"(`tfds build {cfg.name} --data_dir DIR`) and set data.data_dir=DIR, or "
+                    "--set data.download=true"
+                ) from None
+            raise UsageError(
+                f"recipe key 'data.{key}': {split!r} is not a valid split "
+                f"({str(exc).strip().splitlines()[0][:200]}; splits: {', '.join(info.splits)})"
+            ) from None
+        if count == 0:
+            raise UsageError(f"recipe key 'data.{key}': split {split!r} holds no examples")
+        example = tuple(int(d) for d in info.features["image"].shape)
+        return Stream(
+            "tfds",
+            (),
+            (count,),
+            (),
+            _model_shape(example, cfg),
+            cfg,
+            num_classes,
+            split,
+            f"data.{key}",
+        )
+
+    evaluate = stream(cfg.eval_split, "eval_split")
+    train = stream(cfg.train_split, "train_split") if "train" in split_names else _empty(evaluate)
     return Dataset(
         train,
         evaluate,
         num_classes,
         f"TFDS {cfg.name} ({cfg.train_split}: {len(train)}, {cfg.eval_split}: {len(evaluate)})",
     )
+
+
+def _empty(like: Stream) -> Stream:
+    return Stream(
+        like.kind, (), (0,), (), like.example_shape, like.cfg, like.classes, where=like.where
+    )
+
+
+def _glob(pattern: str, key: str) -> tuple[str, ...]:
+    import glob
+
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise UsageError(f"recipe key 'data.{key}': no files match {pattern!r}")
+    return tuple(files)
+
+
+def _op_error_text(exc: BaseException) -> str:
+    """The cause in a TensorFlow op error, without the function and iterator names around it."""
+    text = getattr(exc, "message", None) or str(exc)
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    cause = re.search(r"with iterator: Iterator::\S+?: (.*)", text, re.S)
+    if cause:
+        text = cause.group(1)
+    text = text.strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _tfrecord(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
+    """TFRecord files of tf.train.Examples: the image under data.image_key (raw bytes of
+    data.shape in data.dtype, or an encoded PNG/JPEG), the class under data.label_key."""
+    import tensorflow as tf
+
+    def stream(pattern: str | None, key: str) -> Stream:
+        if not pattern:
+            raise UsageError(f"recipe key 'data.{key}': source tfrecord needs a glob of files")
+        files = _glob(pattern, key)
+        counts = []
+        for f in files:
+            try:
+                counts.append(
+                    int(tf.data.TFRecordDataset(f).reduce(np.int64(0), lambda n, _: n + 1))
+                )
+            except tf.errors.OpError as exc:
+                raise UsageError(
+                    f"recipe key 'data.{key}': cannot read {f} as TFRecords ({_op_error_text(exc)})"
+                ) from None
+        s = Stream(
+            "tfrecord",
+            files,
+            tuple(counts),
+            (),
+            _model_shape(tuple(cfg.shape), cfg),
+            cfg,
+            cfg.classes,
+            where=f"data.{key}",
+        )
+        if not len(s):
+            raise UsageError(f"recipe key 'data.{key}': {pattern!r} holds no records")
+        _check_first(s)
+        return s
+
+    evaluate = stream(cfg.eval_path, "eval_path")
+    train = stream(cfg.path, "path") if "train" in split_names else _empty(evaluate)
+    return Dataset(
+        train,
+        evaluate,
+        cfg.classes,
+        f"TFRecords {cfg.path} ({len(train)} train in {len(train.files)} files), "
+        f"{cfg.eval_path} ({len(evaluate)} eval)",
+    )
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+
+def _class_folders(folder: Path, key: str) -> list[str]:
+    if not folder.is_dir():
+        raise UsageError(f"recipe key 'data.{key}': {str(folder)!r} is not a folder")
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise UsageError(
+            f"recipe key 'data.{key}': {folder} needs one subfolder per class (at least 2), "
+            f"found {len(classes)}"
+        )
+    return classes
+
+
+def _images(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
+    """A folder with one subfolder of images per class (decoded, resized to data.shape)."""
+    if len(cfg.shape) != 3:
+        raise UsageError(
+            f"recipe key 'data.shape': source images needs [height, width, channels], "
+            f"got {list(cfg.shape)}"
+        )
+    if cfg.shape[2] not in (1, 3):
+        raise UsageError(
+            f"recipe key 'data.shape': images have 1 or 3 channels, got {cfg.shape[2]}"
+        )
+    classes = _class_folders(Path(cfg.path or ""), "path")
+
+    def stream(folder: Path, key: str) -> Stream:
+        found = _class_folders(folder, key)
+        unknown = sorted(set(found) - set(classes))
+        if unknown:
+            raise UsageError(
+                f"recipe key 'data.{key}': class folders {unknown} of {folder} are not among "
+                f"data.path's {classes}"
+            )
+        files, labels = [], []
+        for label, name in enumerate(classes):
+            sub = folder / name
+            if not sub.is_dir():
+                continue
+            for f in sorted(sub.iterdir()):
+                if f.suffix.lower() in IMAGE_SUFFIXES:
+                    files.append(str(f))
+                    labels.append(label)
+        if not files:
+            raise UsageError(
+                f"recipe key 'data.{key}': no images ({', '.join(IMAGE_SUFFIXES)}) in the class "
+                f"folders of {folder}"
+            )
+        s = Stream(
+            "images",
+            tuple(files),
+            (1,) * len(files),
+            tuple(labels),
+            _model_shape(tuple(cfg.shape), cfg),
+            cfg,
+            len(classes),
+            where=f"data.{key}",
+        )
+        _check_first(s)
+        return s
+
+    if not cfg.eval_path:
+        raise UsageError(
+            "recipe key 'data.eval_path': source images needs a folder of the same class "
+            "subfolders to evaluate on"
+        )
+    evaluate = stream(Path(cfg.eval_path), "eval_path")
+    train = stream(Path(cfg.path or ""), "path") if "train" in split_names else _empty(evaluate)
+    return Dataset(
+        train,
+        evaluate,
+        len(classes),
+        f"images in {cfg.path} ({len(train)} train, {len(classes)} classes), "
+        f"{cfg.eval_path} ({len(evaluate)} eval)",
+    )
+
+
+def _check_first(stream: Stream) -> None:
+    """Decode the first example now, so that a wrong key, shape or type is a recipe error
+    before any training rather than a failure mid-epoch."""
+
+    ds = examples(stream, 0, 0, False, 0, 1).take(1)
+    with reading(stream):
+        for _ in ds:
+            pass
+
+
+@contextlib.contextmanager
+def reading(stream: Stream) -> Iterator[None]:
+    """Errors while reading a stream, in one line naming the recipe key to change."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        raise UsageError(_read_error(stream, _op_error_text(exc))) from None
+
+
+def _read_error(stream: Stream, text: str) -> str:
+    cfg = stream.cfg
+    key, hint = stream.where, ""
+    if "data.classes" in text:
+        key = "data.classes"
+        hint = f"; every label must be in [0, {stream.classes})"
+    elif stream.kind == "tfrecord" and "Feature:" in text:
+        missing = cfg.image_key if f"Feature: {cfg.image_key} " in text else cfg.label_key
+        key = "data.image_key" if missing == cfg.image_key else "data.label_key"
+        hint = f"; the records have no feature {missing!r} of that type"
+    elif stream.kind == "tfrecord" and "reshape" in text:
+        key = "data.shape"
+        hint = f" as {cfg.dtype}; the raw image bytes do not make data.shape {list(cfg.shape)}"
+    elif stream.kind == "tfrecord" and ("decode" in text.lower() or "image" in text.lower()):
+        key = "data.encoding"
+    return f"recipe key '{key}': reading {stream.kind} data failed ({text}){hint}"
+
+
+def share_counts(stream: Stream, groups: int) -> list[int]:
+    """The examples each of `groups` client groups reads of `stream` in one epoch."""
+    files = _file_shares(stream, groups)
+    if files is None:
+        total = len(stream)
+        return [len(range(g, total, groups)) for g in range(groups)]
+    return [sum(stream.counts[i] for i in share) for share in files]
+
+
+def _file_shares(stream: Stream, groups: int) -> list[list[int]] | None:
+    """Files dealt to groups (None: too few TFRecord files, every group deals out examples)."""
+    if stream.kind == "tfrecord" and len(stream.files) >= groups:
+        return [list(range(g, len(stream.files), groups)) for g in range(groups)]
+    return None
+
+
+def _seed(seed: int, epoch: int, group: int) -> int:
+    return int(np.random.default_rng([seed, epoch, group]).integers(2**31 - 1))
+
+
+def examples(stream: Stream, seed: int, epoch: int, shuffle: bool, group: int, groups: int) -> Any:
+    """A tf.data.Dataset of (x, y), one epoch of group `group`'s share of `stream`, in an order
+    that is a pure function of (seed, epoch): files permuted, then a seeded shuffle buffer
+    (image folders: every file permuted, no buffer needed)."""
+    import tensorflow as tf
+
+    cfg = stream.cfg
+    auto = tf.data.AUTOTUNE
+    rng = np.random.default_rng([seed, epoch])
+    if stream.kind == "images":
+        order = rng.permutation(len(stream.files)) if shuffle else np.arange(len(stream.files))
+        order = order[group::groups]  # image files are examples: deal them out
+        ds = tf.data.Dataset.from_tensor_slices(
+            (np.array(stream.files)[order], np.array(stream.labels, np.int32)[order])
+        )
+        return ds.map(_image_decoder(stream), num_parallel_calls=auto, deterministic=True)
+    if stream.kind == "tfds":
+        ds = _tfds_records(stream)
+        if shuffle:
+            ds = ds.shuffle(cfg.shuffle_buffer, seed=_seed(seed, epoch, 0))
+        ds = ds.shard(groups, group) if groups > 1 else ds
+        return ds.map(_tfds_decoder(stream), num_parallel_calls=auto, deterministic=True)
+    shares = _file_shares(stream, groups)
+    mine = shares[group] if shares is not None else list(range(len(stream.files)))
+    files = np.array(stream.files)[mine]
+    if shuffle:
+        files = files[rng.permutation(len(files))]
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset,
+        # In file order without shuffling (record i of the files in turn is example i).
+        cycle_length=min(len(files), 4) if shuffle else 1,
+        block_length=1,
+        num_parallel_calls=auto,
+        deterministic=True,
+    )
+    if shuffle:  # the serialized records: the buffer holds compact bytes, not decoded floats
+        ds = ds.shuffle(cfg.shuffle_buffer, seed=_seed(seed, epoch, group if shares else 0))
+    if shares is None and groups > 1:
+        ds = ds.shard(groups, group)  # every group reads the same order, keeps its n-th
+    return ds.map(_record_decoder(stream), num_parallel_calls=auto, deterministic=True)
+
+
+def _finish(x: Any, y: Any, stream: Stream) -> tuple[Any, Any]:
+    """Scale to [0, 1] (from uint8), shape for the model, check the label is a class."""
+    import tensorflow as tf
+
+    x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+    x = tf.reshape(x, stream.example_shape)
+    y = tf.cast(y, tf.int32)
+    classes = stream.classes
+    with tf.control_dependencies(
+        [
+            tf.debugging.assert_non_negative(y, message="a label below 0 (data.classes)"),
+            tf.debugging.assert_less(
+                y, classes, message=f"a label not below data.classes = {classes}"
+            ),
+        ]
+    ):
+        return tf.identity(x), tf.identity(y)
+
+
+def _record_decoder(stream: Stream) -> Any:
+    import tensorflow as tf
+
+    cfg = stream.cfg
+    spec = {
+        cfg.image_key: tf.io.FixedLenFeature([], tf.string),
+        cfg.label_key: tf.io.FixedLenFeature([], tf.int64),
+    }
+    shape = tuple(cfg.shape)
+
+    def decode(record: Any) -> tuple[Any, Any]:
+        parsed = tf.io.parse_single_example(record, spec)
+        raw = parsed[cfg.image_key]
+        if cfg.encoding == "raw":
+            x = tf.reshape(tf.io.decode_raw(raw, getattr(tf, cfg.dtype)), shape)
+        else:
+            channels = shape[2] if len(shape) == 3 else 1
+            x = tf.io.decode_image(raw, channels=channels, expand_animations=False)
+            x = tf.ensure_shape(tf.reshape(x, shape), shape)
+        return _finish(x, parsed[cfg.label_key], stream)
+
+    return decode
+
+
+def _image_decoder(stream: Stream) -> Any:
+    import tensorflow as tf
+
+    height, width, channels = stream.cfg.shape
+
+    def decode(path: Any, label: Any) -> tuple[Any, Any]:
+        raw = tf.io.read_file(path)
+        image = tf.io.decode_image(raw, channels=channels, expand_animations=False)
+        image = tf.image.resize(image, (height, width))  # float32 in [0, 255]
+        return _finish(image / 255.0, label, stream)
+
+    return decode
+
+
+def _tfds_records(stream: Stream) -> Any:
+    import tensorflow_datasets as tfds
+
+    builder = _tfds_builder(stream.cfg)
+    try:
+        return builder.as_dataset(
+            split=stream.tfds_split,
+            as_supervised=True,
+            shuffle_files=False,
+            read_config=tfds.ReadConfig(try_autocache=False),
+        )
+    except AssertionError:  # not prepared
+        where = stream.cfg.data_dir or "~/tensorflow_datasets"
+        raise UsageError(
+            f"recipe key 'data.name': TFDS data set {stream.cfg.name!r} is not prepared in "
+            f"{where}; prepare it (`tfds build {stream.cfg.name} --data_dir DIR`) and set "
+            "data.data_dir=DIR, or --set data.download=true"
+        ) from None
+
+
+def _tfds_decoder(stream: Stream) -> Any:
+    def decode(x: Any, y: Any) -> tuple[Any, Any]:
+        return _finish(x, y, stream)
+
+    return decode
+
+
+def write_tfrecords(
+    x: np.ndarray, y: np.ndarray, folder: Path, prefix: str, files: int = 1
+) -> list[Path]:
+    """Write examples as `source: tfrecord` reads them by default (`image`: the raw bytes of x[i],
+    `label`: int64), in order over `files` files named PREFIX-00000-of-0000N.tfrecord."""
+    import tensorflow as tf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, part in enumerate(np.array_split(np.arange(len(y)), files)):
+        path = folder / f"{prefix}-{i:05d}-of-{files:05d}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for j in part:
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image": tf.train.Feature(
+                                bytes_list=tf.train.BytesList(value=[x[j].tobytes()])
+                            ),
+                            "label": tf.train.Feature(
+                                int64_list=tf.train.Int64List(value=[int(y[j])])
+                            ),
+                        }
+                    )
+                )
+                w.write(example.SerializeToString())
+        paths.append(path)
+    return paths
 
 
 def _synthetic(cfg: DataConfig) -> Dataset:
@@ -390,152 +793,3 @@ def _synthetic(cfg: DataConfig) -> Dataset:
         f"synthetic {list(cfg.shape)} x {cfg.classes} classes "
         f"({cfg.count} train, {cfg.eval_count} eval)",
     )
-
-
-# --------------------------------------------------------------------------- batching
-
-
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    return -(-n // batch_size)
-
-
-def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The example order of one epoch: a pure function of (seed, epoch), so resuming is exact."""
-    if not shuffle:
-        return np.arange(n)
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def batches(
-    split: Split,
-    batch_size: int,
-    order: np.ndarray | None = None,
-    rows: np.ndarray | None = None,
-) -> Iterator[Batch]:
-    """Fixed-shape batches; the last one padded with zeros and masked out.
-
-    `rows`: only these positions of each global batch are read (a client of a multi-client run
-    reads the shards its own devices hold, see Packer.rows); None reads the whole batch.
-    """
-    idx = np.arange(len(split)) if order is None else order
-    for start in range(0, len(idx), batch_size):
-        take = idx[start : start + batch_size]
-        if rows is not None:
-            real = rows < len(take)  # rows past the end of the last batch are padding
-            take = take[rows[real]]
-            width = len(rows)
-        else:
-            width = batch_size
-        x, y = split.x[take], split.y[take]
-        mask = np.ones(width, np.float32)
-        if len(take) < width:
-            # Padding sits at the end of the global batch, hence at the end of any row subset.
-            pad = width - len(take)
-            x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-            y = np.concatenate([y, np.zeros(pad, y.dtype)])
-            mask[len(take) :] = 0.0
-        yield Batch(x, y, mask)
-
-
-class Packer:
-    """Packs host batches onto the mesh: the batch dim sharded along the data axis.
-
-    Each local device gets the shard of its own coordinate on the data axis, not its position in
-    the device list: on a 2-D mesh (batch=4, model=2) the two devices of one batch row share a
-    shard. (Splitting by device count silently trains on the wrong rows.)
-
-    In a multi-client run a client's devices hold only some shards of each global batch: the
-    client reads just those rows (`rows`) and packs them; DTensor assembles the global batch.
-    """
-
-    def __init__(self, mesh: Any, data_axis: str):
-        self.mesh = mesh
-        self.data_axis = data_axis
-        self.shards = 1 if data_axis == UNSHARDED else mesh.dim_size(data_axis)
-        locations = mesh.local_device_locations()
-        self.shard_of_device = [
-            0 if data_axis == UNSHARDED else loc[data_axis] for loc in locations
-        ]
-        # The shards this process holds, in the order its host batches carry them.
-        self.local_shards = sorted(set(self.shard_of_device))
-        self._position = {shard: i for i, shard in enumerate(self.local_shards)}
-        self._layouts: dict[int, Any] = {}
-        self._verified = False
-
-    def rows(self, batch_size: int) -> np.ndarray | None:
-        """Positions in a global batch of `batch_size` this process's devices hold (None: all)."""
-        if len(self.local_shards) == self.shards:
-            return None
-        if batch_size % self.shards:
-            raise UsageError(
-                f"a batch of {batch_size} does not divide by the data axis size {self.shards}"
-            )
-        per = batch_size // self.shards
-        return np.concatenate([np.arange(s * per, (s + 1) * per) for s in self.local_shards])
-
-    def layout(self, rank: int, batch_dim: int = 0) -> Any:
-        if (rank, batch_dim) not in self._layouts:
-            from dtcli.layout import to_layout
-
-            spec = [UNSHARDED] * rank
-            spec[batch_dim] = self.data_axis
-            self._layouts[rank, batch_dim] = to_layout(tuple(spec), self.mesh)
-        return self._layouts[rank, batch_dim]
-
-    def pack(self, array: np.ndarray, batch_dim: int = 0) -> Any:
-        """`array`: the rows `rows()` names along `batch_dim`, i.e. the local shards back to
-        back (in one process: the whole global batch)."""
-        from tensorflow.experimental import dtensor
-
-        held = len(self.local_shards)
-        if array.shape[batch_dim] % held:
-            raise UsageError(
-                f"a batch of {array.shape[batch_dim]} does not divide by the data axis size "
-                f"{self.shards}"
-            )
-        parts = np.split(array, held, axis=batch_dim)
-        return dtensor.pack(
-            [parts[self._position[s]] for s in self.shard_of_device],
-            self.layout(array.ndim, batch_dim),
-        )
-
-    def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
-        packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)
-        self._verify_once(batch.x, packed[0])
-        return packed
-
-    def pack_block(self, batches: list[Batch]) -> tuple[Any, Any, Any]:
-        """K batches as one block [K, batch, ...]: the batch dim (1) sharded, K replicated."""
-        xs = np.stack([b.x for b in batches])
-        packed = (
-            self.pack(xs, 1),
-            self.pack(np.stack([b.y for b in batches]), 1),
-            self.pack(np.stack([b.mask for b in batches]), 1),
-        )
-        self._verify_once(xs, packed[0])
-        return packed
-
-    def _verify_once(self, array: np.ndarray, packed: Any) -> None:
-        if not self._verified:
-            self._verified = True
-            self.verify(array, packed)
-
-    def verify(self, array: np.ndarray, packed: Any) -> None:
-        """Check once that DTensor reads the packed batch as the host batch, row for row.
-
-        A wrong packing raises nothing in DTensor and trains on the wrong rows (DTENSOR_NOTES
-        trap 3); gathering the first batch back is the guard. In a multi-client run a client
-        cannot gather the others' rows alone, so only one process checks.
-        """
-        from tensorflow.experimental import dtensor
-
-        from dtcli.layout import replicated
-
-        if len(self.local_shards) != self.shards:
-            return
-        whole = dtensor.unpack(dtensor.relayout(packed, replicated(self.mesh, array.ndim)))[0]
-        if not np.array_equal(whole.numpy(), array, equal_nan=True):
-            raise RuntimeError(
-                f"packing bug: the batch on mesh {self.mesh} is not the host batch "
-                f"(data axis {self.data_axis!r})"
-            )

@@ -60,8 +60,8 @@ def evaluate_checkpoint(checkpoint: Path, recipe: Recipe, split: str = "eval") -
     ckpt = ckpt_lib.Checkpointer(checkpoint.parent, {"model": session.model.module}, keep=1)
     ckpt.restore(checkpoint, session.model.weights, partial=True)
     _, eval_step = session_lib.make_steps(session)
-    data = session.data.train if split == "train" else session.data.eval
-    result = session_lib.evaluate(session, eval_step, data)
+    feed = session.train_feed if split == "train" else session.eval_feed
+    result = session_lib.evaluate(session, eval_step, feed)
     return {
         **result,
         "split": split,

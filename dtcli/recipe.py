@@ -30,11 +30,22 @@ UNSHARDED = "unsharded"
 class DataConfig:
     """Where examples come from and how they are batched."""
 
-    source: Literal["embedded", "tfds", "idx", "synthetic"] = "embedded"
+    source: Literal["embedded", "tfds", "idx", "synthetic", "tfrecord", "images"] = "embedded"
     # embedded: the data set's name ("digits"); tfds: the TFDS name ("mnist").
     name: str = "digits"
-    # idx: a folder holding MNIST-format IDX files (train-* and/or t10k-*).
+    # idx: a folder holding MNIST-format IDX files (train-* and/or t10k-*); tfrecord: a glob of
+    # training files; images: a folder with one subfolder of images per class.
     path: str | None = None
+    # tfrecord: a glob of evaluation files; images: a folder of the same class subfolders.
+    eval_path: str | None = None
+    # tfrecord: the tf.train.Example features holding the image (bytes) and the class (int64);
+    # the image is raw bytes of data.shape in data.dtype, or an encoded PNG/JPEG/GIF/BMP.
+    image_key: str = "image"
+    label_key: str = "label"
+    encoding: Literal["raw", "encoded"] = "raw"
+    dtype: Literal["uint8", "float32"] = "uint8"
+    # Streamed sources (tfrecord, tfds): records held in the seeded shuffle buffer.
+    shuffle_buffer: int = 10_000
     # tfds: split strings, TFDS slicing allowed ("train[:5000]").
     train_split: str = "train"
     eval_split: str = "test"
@@ -43,7 +54,8 @@ class DataConfig:
     # idx (and embedded): example index ranges [start, stop) when one file pair serves both.
     train_range: tuple[int, int] | None = None
     eval_range: tuple[int, int] | None = None
-    # synthetic: the shape of one example, the class count, the example counts.
+    # synthetic: the shape of one example, the class count, the example counts; tfrecord: the
+    # shape and classes too; images: [height, width, channels] to decode and resize to.
     shape: tuple[int, ...] = (28, 28, 1)
     classes: int = 10
     count: int = 4096
@@ -425,6 +437,15 @@ def _check_data(d: DataConfig) -> None:
         )
     if d.source == "idx" and not d.path:
         raise UsageError("recipe key 'data.path': source idx needs the folder of IDX files")
+    if d.source in ("tfrecord", "images"):
+        what = "a glob of TFRecord files" if d.source == "tfrecord" else "a folder of class folders"
+        for key in ("path", "eval_path"):
+            if not getattr(d, key):
+                raise UsageError(f"recipe key 'data.{key}': source {d.source} needs {what}")
+    if d.shuffle_buffer <= 0:
+        raise UsageError(
+            f"recipe key 'data.shuffle_buffer': expected a positive integer, got {d.shuffle_buffer}"
+        )
     for key in ("train_range", "eval_range"):
         rng = getattr(d, key)
         if rng is not None and not 0 <= rng[0] < rng[1]:
@@ -460,6 +481,8 @@ def _check_data(d: DataConfig) -> None:
                 f"{list(d.shape)} need {_gib(weights)} of host memory to label, more than half "
                 f"of this machine's {_gib(memory)}"
             )
+    elif d.source in ("tfrecord", "images"):
+        example = math.prod(d.shape)
     else:
         example = 64 if d.source == "embedded" else 28 * 28
     for key in ("batch_size", "eval_batch_size"):

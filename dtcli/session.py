@@ -20,6 +20,7 @@ from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import models, optimizers
+from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli.recipe import Recipe
 
@@ -36,7 +37,9 @@ class Session:
     plans: list[layout_lib.WeightPlan]
     model: models.Built
     optimizer: Any
-    packer: data_lib.Packer
+    packer: pipeline_lib.Packer
+    train_feed: pipeline_lib.Feed
+    eval_feed: pipeline_lib.Feed
     cluster: cluster_lib.Cluster | None = None  # set in a multi-client run
     # Whether the train step has run in this process (its first call traces and compiles it).
     compiled: bool = False
@@ -95,6 +98,9 @@ def prepare(
     optimizer = optimizers.make(recipe.model.api, recipe.optimizer, mesh)
     optimizer.build(built.trainable_variables)
     resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
+    packer = pipeline_lib.Packer(mesh, data_axis)
+    cfg = recipe.data
+    eval_batch = cfg.eval_batch_size or cfg.batch_size
     return Session(
         resolved,
         devices,
@@ -104,7 +110,11 @@ def prepare(
         plans,
         built,
         optimizer,
-        data_lib.Packer(mesh, data_axis),
+        packer,
+        pipeline_lib.Feed(
+            dataset.train, cfg.batch_size, recipe.seed, cfg.shuffle, packer.share(cfg.batch_size)
+        ),
+        pipeline_lib.Feed(dataset.eval, eval_batch, recipe.seed, False, packer.share(eval_batch)),
         cluster,
     )
 
@@ -206,13 +216,13 @@ def steps_per_call(session: Session) -> int:
     return session.recipe.train.steps_per_call
 
 
-def train_block(session: Session, train_call: Any, batches: list[data_lib.Batch]) -> dict:
+def train_block(session: Session, train_call: Any, batches: list[pipeline_lib.Batch]) -> dict:
     """Run `batches` (at most K) in one call; padded to K so that the shapes never change.
     Returns host numpy: per-step loss/correct/count of the real steps, and `applied`."""
     k = steps_per_call(session)
     real = len(batches)
     if real < k:
-        batches = batches + [data_lib.empty_like(batches[0])] * (k - real)
+        batches = batches + [pipeline_lib.empty_like(batches[0])] * (k - real)
     out = train_call(*session.packer.pack_block(batches))
     return {
         "loss": out["loss"].numpy()[:real],
@@ -223,11 +233,11 @@ def train_block(session: Session, train_call: Any, batches: list[data_lib.Batch]
 
 
 def evaluate(
-    session: Session, eval_step: Any, split: data_lib.Split, packed: list | None = None
+    session: Session, eval_step: Any, feed: pipeline_lib.Feed, packed: list | None = None
 ) -> dict[str, float]:
-    """Loss and accuracy over every example of `split`, each counted exactly once."""
+    """Loss and accuracy over every example of `feed`'s split, each counted exactly once."""
     ce = correct = count = 0.0
-    batches = packed if packed is not None else pack_all(session, split)
+    batches = packed if packed is not None else map(session.packer.pack_batch, feed.epoch(0))
     for x, y, mask in batches:
         out = eval_step(x, y, mask)
         ce += float(out["ce_sum"])
@@ -240,28 +250,22 @@ def evaluate(
     }
 
 
-def pack_all(session: Session, split: data_lib.Split) -> list:
-    return [session.packer.pack_batch(b) for b in _batches(session, split, session.eval_batch_size)]
-
-
-def _batches(session: Session, split: data_lib.Split, batch_size: int, order: Any = None) -> Any:
-    """Host batches holding only the rows this process's devices take (all, in one process)."""
-    return data_lib.batches(split, batch_size, order, session.packer.rows(batch_size))
+def pack_all(session: Session, feed: pipeline_lib.Feed) -> list | None:
+    """An in-memory split's batches packed once, to evaluate on again and again (a streamed
+    split is read again each time: it need not fit in memory)."""
+    if not feed.in_memory:
+        return None
+    return [session.packer.pack_batch(b) for b in feed.epoch(0)]
 
 
 def run_steps(session: Session, steps: int) -> list[float]:
     """Train `steps` steps in data order (for mesh-equivalence checks); returns the losses."""
     train_call, _ = make_steps(session)
-    recipe = session.recipe
     k = steps_per_call(session)
     losses: list[float] = []
     epoch = 0
     while len(losses) < steps:
-        order = data_lib.epoch_order(
-            len(session.data.train), recipe.seed, epoch, recipe.data.shuffle
-        )
-        order = order[: (steps - len(losses)) * recipe.data.batch_size]
-        batches = _batches(session, session.data.train, recipe.data.batch_size, order)
+        batches = session.train_feed.epoch(epoch, 0, steps - len(losses))
         while block := list(itertools.islice(batches, k)):
             out = train_block(session, train_call, block)
             losses += [float(v) for v in out["loss"]]
@@ -284,7 +288,7 @@ class EpochState:
 
 
 def epoch_steps(session: Session) -> int:
-    steps = data_lib.steps_per_epoch(len(session.data.train), session.recipe.data.batch_size)
+    steps = session.train_feed.steps
     limit = session.recipe.train.steps_per_epoch
     return min(steps, limit) if limit else steps
 
@@ -303,15 +307,11 @@ def run_epoch(
 
     `trained()` is called once after each call that applied a step, before anything of it is
     written. A non-finite loss raises NonFiniteLoss with the optimizer step it happened at."""
-    recipe = session.recipe
-    split = session.data.train
     steps = epoch_steps(session)
     k = steps_per_call(session)
-    order = data_lib.epoch_order(len(split), recipe.seed, state.epoch, recipe.data.shuffle)
-    order = order[state.batch * recipe.data.batch_size : steps * recipe.data.batch_size]
-    log_every = recipe.train.log_every
+    log_every = session.recipe.train.log_every
     started = time.perf_counter() - state.seconds
-    batches = _batches(session, split, recipe.data.batch_size, order)
+    batches = session.train_feed.epoch(state.epoch, state.batch, steps)
     # stop() is checked before each call (a Ctrl-C stops the run before its next call).
     while not (stop is not None and stop()) and (block := list(itertools.islice(batches, k))):
         called = time.perf_counter()

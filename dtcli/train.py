@@ -201,7 +201,7 @@ def _train(
     session = prepare(recipe, cluster=cluster)
     recipe = session.recipe
     train_step, eval_step = make_steps(session)
-    eval_packed = pack_all(session, session.data.eval)
+    eval_packed = pack_all(session, session.eval_feed)
     checkpointer = ckpt_lib.Checkpointer(
         run.checkpoints,
         session.checkpoint_objects(),
@@ -419,7 +419,7 @@ def _loop(
     session: Session,
     train_step: Any,
     eval_step: Any,
-    eval_packed: list,
+    eval_packed: list | None,
     writer: Any,
     checkpointer: Any,
     console: Any,
@@ -473,7 +473,7 @@ def _loop(
         step = int(session.optimizer.iterations.numpy())
         if state.batch < steps:  # stopped by Ctrl-C: save where we are, mid-epoch
             interrupt(state)
-        ev = evaluate(session, eval_step, session.data.eval, eval_packed)
+        ev = evaluate(session, eval_step, session.eval_feed, eval_packed)
         record = {
             "epoch": epoch + 1,
             "step": step,

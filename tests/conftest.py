@@ -15,6 +15,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +93,41 @@ def in_process(cwd: Path, stdout: io.StringIO, stderr: io.StringIO | None = None
             yield
     finally:
         os.chdir(before)
+
+
+@pytest.fixture(scope="session")
+def digit_files(tmp_path_factory, cpu8) -> dict[str, list[str]]:
+    """The embedded digits (the quickstart's data, in its train/eval split) as TFRecord files and
+    as an image folder: recipe settings for `source: tfrecord` and `source: images`."""
+    import tensorflow as tf
+
+    from dtcli import data as data_lib
+    from dtcli import recipe as R
+
+    folder = tmp_path_factory.mktemp("digits")
+    digits = data_lib.load(R.DataConfig(flatten=False))
+    shape = ["data.shape=[8,8,1]", "data.flatten=true"]
+    out: dict[str, list[str]] = {}
+    for name, split in (("train", digits.train), ("eval", digits.eval)):
+        pixels = np.round(split.x * 255).astype(np.uint8)  # [0, 1] floats back to bytes
+        data_lib.write_tfrecords(pixels, split.y, folder / "tfrecord", name, 3)
+        for i, (image, label) in enumerate(zip(pixels, split.y)):
+            target = folder / "images" / name / f"class{label}" / f"{i:04d}.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tf.io.encode_png(image).numpy())
+    out["tfrecord"] = [
+        "data.source=tfrecord",
+        f"data.path={folder}/tfrecord/train-*",
+        f"data.eval_path={folder}/tfrecord/eval-*",
+        *shape,
+    ]
+    out["images"] = [
+        "data.source=images",
+        f"data.path={folder}/images/train",
+        f"data.eval_path={folder}/images/eval",
+        *shape,
+    ]
+    return out
 
 
 QUICK = str(RECIPES / "quickstart.yaml")

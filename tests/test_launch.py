@@ -20,6 +20,7 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import cluster as cluster_lib
 from dtcli import data as data_lib
 from dtcli import metrics, rundir
+from dtcli import pipeline as pipeline_lib
 from dtcli.errors import UsageError
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -99,11 +100,11 @@ def test_cluster_bad_input(client_id, jobs, environ, message):
 def test_each_client_reads_only_its_rows_and_together_they_make_the_global_batch():
     split = data_lib.Split(np.arange(10, dtype=np.float32)[:, None], np.arange(10, dtype=np.int32))
     order = np.array([9, 3, 0, 7, 1, 4, 8, 2, 6, 5])
-    whole = list(data_lib.batches(split, 8, order))
+    whole = list(pipeline_lib.batches(split, 8, order))
     # A batch of 8 in 4 shards of 2 rows; client 0 holds shards 0 and 1, client 1 shards 2 and 3.
     halves = [
-        list(data_lib.batches(split, 8, order, np.arange(0, 4))),
-        list(data_lib.batches(split, 8, order, np.arange(4, 8))),
+        list(pipeline_lib.batches(split, 8, order, np.arange(0, 4))),
+        list(pipeline_lib.batches(split, 8, order, np.arange(4, 8))),
     ]
     for i, batch in enumerate(whole):
         parts = [h[i] for h in halves]
@@ -378,3 +379,21 @@ def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launche
     if epoch <= len(whole):
         for key in ("train_loss", "eval_loss", "eval_accuracy"):
             assert resumed[-1][key] == pytest.approx(whole[epoch - 1][key], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_clients_read_disjoint_shares_of_tfrecord_files(tmp_path, digit_files):
+    """3 TFRecord files of 479 digits on 2 clients: client 0 reads files 0 and 2, client 1 file 1,
+    each 32 rows of every global batch of 64. Every example counts once; the run takes as many
+    steps as the larger share needs (958 / 32 = 30), client 1 padding its last 15. Reading
+    everything on both clients would count 2874 examples in 45 steps."""
+    out = tmp_path / "run"
+    sets = [x for s in digit_files["tfrecord"] for x in ("--set", s)]
+    proc = dtcli(
+        "launch", "--clients", "2", "--devices-per-client", "cpu:4", QUICK, *sets,
+        "--epochs", "1", "--out", out, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = metrics.read(out / "metrics.jsonl")[-1]
+    assert record["train_examples"] == 1437 and record["step"] == 30
+    assert record["eval_examples"] == 360  # one eval file: examples dealt out, each once

@@ -1,7 +1,7 @@
 """One recipe, the same numbers on any mesh: 20 steps on 1 device, batch=8, batch=4 x model=2 and
 model=8 end with the same weights and losses (the fused-step all-reduce trap and mesh-dependent
 initialization would fail it), for Keras Sequential, Functional and subclassed models, a CNN, and
-the Core-API MLP."""
+the Core-API MLP, and for the streamed sources (TFRecord files, an image folder)."""
 
 from __future__ import annotations
 
@@ -53,18 +53,25 @@ CASES = {
         "model.build=custom_models:subclassed_mlp",
         "layouts.rules=" + json.dumps(BUILT_RULES),
     ],
+    # Streamed through tf.data (files permuted, a seeded shuffle buffer) instead of numpy.
+    "tfrecord-adam": optimizer_sets("adam") + ["@tfrecord"],
+    "images-adam": optimizer_sets("adam") + ["@images"],
 }
 
 
-def train_20_steps(mesh: str, use_devices: int | None = None) -> tuple[dict, dict]:
+def train_20_steps(
+    mesh: str, files: dict[str, list[str]], use_devices: int | None = None
+) -> tuple[dict, dict]:
     """Every case for 20 steps on `mesh` in this process -> (losses, axes, sharded), weights.
-    `use_devices=1`: a mesh of this process's first device alone (as `dtcli doctor` compares)."""
+    `use_devices=1`: a mesh of this process's first device alone (as `dtcli doctor` compares).
+    `files`: the recipe settings of the streamed sources (an "@name" in a case)."""
     from dtcli import models
     from dtcli import recipe as R
     from dtcli import session as T
 
     losses, arrays, sharded = {}, {}, {}
     for case, sets in CASES.items():
+        sets = [x for s in sets for x in (files[s[1:]] if s.startswith("@") else [s])]
         recipe = R.load(ROOT / "recipes" / "quickstart.yaml", sets, mesh=mesh, devices="cpu:8")
         s = T.prepare(recipe, use_devices=use_devices)
         losses[case] = T.run_steps(s, 20)
@@ -80,11 +87,11 @@ def train_20_steps(mesh: str, use_devices: int | None = None) -> tuple[dict, dic
 
 
 @pytest.fixture(scope="module")
-def runs(cpu8):
+def runs(cpu8, digit_files):
     """Every mesh in this process: batch=1 on its first device, the others on all 8."""
-    out = {"batch=1": train_20_steps("batch=1", use_devices=1)}
+    out = {"batch=1": train_20_steps("batch=1", digit_files, use_devices=1)}
     for mesh in MESHES[1:]:
-        out[mesh] = train_20_steps(mesh)
+        out[mesh] = train_20_steps(mesh, digit_files)
     return out
 
 

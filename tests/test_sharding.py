@@ -13,7 +13,7 @@ def test_weight_shards_and_packed_batches_on_a_2d_mesh():
         import numpy as np
         from tensorflow.experimental import dtensor
         from dtcli import recipe as R, session as T
-        from dtcli.data import Batch
+        from dtcli.pipeline import Batch
 
         result = {}
         for api in ("keras", "core"):

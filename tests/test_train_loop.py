@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import RECIPES
 
-from dtcli import data as data_lib
 from dtcli import models
+from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as R
 from dtcli import session as T
 
@@ -57,7 +57,7 @@ TANH = ["model.layers=[{Dense: {units: 128, activation: tanh}}, {Dense: {units: 
 def poison(s: T.Session, batch: int) -> None:
     """One NaN pixel in the `batch`-th batch of epoch 0: that step's loss is NaN."""
     cfg = s.recipe.data
-    order = data_lib.epoch_order(len(s.data.train), s.recipe.seed, 0, cfg.shuffle)
+    order = pipeline_lib.epoch_order(len(s.data.train), s.recipe.seed, 0, cfg.shuffle)
     s.data.train.x[order[batch * cfg.batch_size]].flat[0] = np.nan
 
 

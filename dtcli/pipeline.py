@@ -1,0 +1,278 @@
+"""The input pipeline: a split as fixed-shape host batches, in an order that is a pure function of
+(seed, epoch), each process's share of them, and the packer that puts them on the mesh.
+
+Two kinds of split feed it (dtcli.data): in-memory splits (embedded, IDX, synthetic) are batched
+from numpy by a permutation of the whole split; streamed splits (TFRecord, image folders, TFDS)
+come through tf.data, never held whole in memory, shuffled by file order and a seeded buffer.
+Either way the last batch of an epoch is padded and masked (no example dropped, every example
+counted once), and a resume restarts an epoch at the batch it stopped at, in the same order.
+
+In a multi-client run each client reads only its share. In-memory: the rows of each global batch
+its devices hold, so the numbers are those of one process. Streamed: the clients whose devices
+hold the same shards of the data axis form a group; each group reads its own files (or, where
+there are fewer files than groups, every n-th example) and all groups run the same number of
+steps, the short ones padding with masked batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dtcli import data as data_lib
+from dtcli.errors import UsageError
+from dtcli.recipe import UNSHARDED
+
+
+@dataclass(frozen=True)
+class Batch:
+    x: np.ndarray
+    y: np.ndarray
+    mask: np.ndarray  # 1.0 for real examples, 0.0 for padding
+
+
+def empty_like(batch: Batch) -> Batch:
+    """A batch of the same shapes holding no example (mask all zero): pads a block of steps."""
+    return Batch(np.zeros_like(batch.x), np.zeros_like(batch.y), np.zeros_like(batch.mask))
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The example order of one epoch: a pure function of (seed, epoch), so resuming is exact."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batches(
+    split: data_lib.Split,
+    batch_size: int,
+    order: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+) -> Iterator[Batch]:
+    """Fixed-shape batches; the last one padded with zeros and masked out.
+
+    `rows`: only these positions of each global batch are read (a client of a multi-client run
+    reads the shards its own devices hold, see Packer.rows); None reads the whole batch.
+    """
+    idx = np.arange(len(split)) if order is None else order
+    for start in range(0, len(idx), batch_size):
+        take = idx[start : start + batch_size]
+        if rows is not None:
+            real = rows < len(take)  # rows past the end of the last batch are padding
+            take = take[rows[real]]
+            width = len(rows)
+        else:
+            width = batch_size
+        x, y = split.x[take], split.y[take]
+        mask = np.ones(width, np.float32)
+        if len(take) < width:
+            # Padding sits at the end of the global batch, hence at the end of any row subset.
+            pad = width - len(take)
+            x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+            y = np.concatenate([y, np.zeros(pad, y.dtype)])
+            mask[len(take) :] = 0.0
+        yield Batch(x, y, mask)
+
+
+@dataclass(frozen=True)
+class Share:
+    """The part of each global batch this process feeds."""
+
+    rows: np.ndarray | None  # positions in the global batch its devices hold (None: all)
+    group: int  # streamed splits: this process's group of clients holding the same shards
+    groups: int
+
+
+class Feed:
+    """One split batched for this process: `epoch(e, start)` gives the batches of epoch `e` from
+    batch `start` on, `steps` of them in all (fixed-shape, the last ones padded)."""
+
+    def __init__(self, split: Any, batch_size: int, seed: int, shuffle: bool, share: Share) -> None:
+        self.split = split
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.share = share
+        self.in_memory = isinstance(split, data_lib.Split)
+        if self.in_memory:
+            self.local_batch = batch_size
+            self.steps = steps_per_epoch(len(split), batch_size)
+        else:
+            rows = share.rows
+            self.local_batch = batch_size if rows is None else len(rows)
+            counts = data_lib.share_counts(split, share.groups)
+            # Every group runs as many steps as the largest share needs: the collectives of a
+            # step wait for every client.
+            self.steps = max(steps_per_epoch(n, self.local_batch) for n in counts)
+
+    def epoch(self, epoch: int, start: int = 0, stop: int | None = None) -> Iterator[Batch]:
+        stop = self.steps if stop is None else min(stop, self.steps)
+        if start >= stop:
+            return iter(())
+        if self.in_memory:
+            order = epoch_order(len(self.split), self.seed, epoch, self.shuffle)
+            order = order[start * self.batch_size : stop * self.batch_size]
+            return batches(self.split, self.batch_size, order, self.share.rows)
+        return self._stream(epoch, start, stop)
+
+    def _stream(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
+        import tensorflow as tf
+
+        examples = data_lib.examples(
+            self.split, self.seed, epoch, self.shuffle, self.share.group, self.share.groups
+        )
+        # Resuming mid-epoch skips what was trained: the order is the same, so the run goes on
+        # at the same example (skipping reads those records again; it does not train on them).
+        ds = (
+            examples.skip(start * self.local_batch)
+            .batch(self.local_batch)
+            .prefetch(tf.data.AUTOTUNE)  # the host decodes the next batches while devices run
+        )
+        done = start
+        shape = (self.local_batch, *self.split.example_shape)
+        with data_lib.reading(self.split):
+            for x, y in ds.as_numpy_iterator():
+                if done == stop:
+                    return
+                yield _padded(x, y, self.local_batch)
+                done += 1
+        while done < stop:  # this group's share ran out before the longest one's
+            yield Batch(
+                np.zeros(shape, np.float32),
+                np.zeros(self.local_batch, np.int32),
+                np.zeros(self.local_batch, np.float32),
+            )
+            done += 1
+
+
+def _padded(x: np.ndarray, y: np.ndarray, width: int) -> Batch:
+    mask = np.ones(width, np.float32)
+    if len(y) < width:
+        pad = width - len(y)
+        x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+        y = np.concatenate([y, np.zeros(pad, y.dtype)])
+        mask[width - pad :] = 0.0
+    return Batch(x, y, mask)
+
+
+class Packer:
+    """Packs host batches onto the mesh: the batch dim sharded along the data axis.
+
+    Each local device gets the shard of its own coordinate on the data axis, not its position in
+    the device list: on a 2-D mesh (batch=4, model=2) the two devices of one batch row share a
+    shard. (Splitting by device count silently trains on the wrong rows.)
+
+    In a multi-client run a client's devices hold only some shards of each global batch: the
+    client reads just those rows (`rows`) and packs them; DTensor assembles the global batch.
+    """
+
+    def __init__(self, mesh: Any, data_axis: str):
+        self.mesh = mesh
+        self.data_axis = data_axis
+        self.shards = 1 if data_axis == UNSHARDED else mesh.dim_size(data_axis)
+        locations = mesh.local_device_locations()
+        self.shard_of_device = [
+            0 if data_axis == UNSHARDED else loc[data_axis] for loc in locations
+        ]
+        # The shards this process holds, in the order its host batches carry them.
+        self.local_shards = sorted(set(self.shard_of_device))
+        self._position = {shard: i for i, shard in enumerate(self.local_shards)}
+        self._layouts: dict[int, Any] = {}
+        self._verified = False
+
+    def rows(self, batch_size: int) -> np.ndarray | None:
+        """Positions in a global batch of `batch_size` this process's devices hold (None: all)."""
+        if len(self.local_shards) == self.shards:
+            return None
+        if batch_size % self.shards:
+            raise UsageError(
+                f"a batch of {batch_size} does not divide by the data axis size {self.shards}"
+            )
+        per = batch_size // self.shards
+        return np.concatenate([np.arange(s * per, (s + 1) * per) for s in self.local_shards])
+
+    def share(self, batch_size: int) -> Share:
+        """What this process feeds of each global batch of `batch_size`."""
+        held = len(self.local_shards)
+        group = self.local_shards[0] // held
+        if self.local_shards != list(range(group * held, (group + 1) * held)):
+            raise UsageError(
+                f"the data axis {self.data_axis!r}: this process holds its shards "
+                f"{self.local_shards}, not one contiguous range; put the data axis first in "
+                "the mesh"
+            )
+        return Share(self.rows(batch_size), group, self.shards // held)
+
+    def layout(self, rank: int, batch_dim: int = 0) -> Any:
+        if (rank, batch_dim) not in self._layouts:
+            from dtcli.layout import to_layout
+
+            spec = [UNSHARDED] * rank
+            spec[batch_dim] = self.data_axis
+            self._layouts[rank, batch_dim] = to_layout(tuple(spec), self.mesh)
+        return self._layouts[rank, batch_dim]
+
+    def pack(self, array: np.ndarray, batch_dim: int = 0) -> Any:
+        """`array`: the rows `rows()` names along `batch_dim`, i.e. the local shards back to
+        back (in one process: the whole global batch)."""
+        from tensorflow.experimental import dtensor
+
+        held = len(self.local_shards)
+        if array.shape[batch_dim] % held:
+            raise UsageError(
+                f"a batch of {array.shape[batch_dim]} does not divide by the data axis size "
+                f"{self.shards}"
+            )
+        parts = np.split(array, held, axis=batch_dim)
+        return dtensor.pack(
+            [parts[self._position[s]] for s in self.shard_of_device],
+            self.layout(array.ndim, batch_dim),
+        )
+
+    def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
+        packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)
+        self._verify_once(batch.x, packed[0])
+        return packed
+
+    def pack_block(self, batches: list[Batch]) -> tuple[Any, Any, Any]:
+        """K batches as one block [K, batch, ...]: the batch dim (1) sharded, K replicated."""
+        xs = np.stack([b.x for b in batches])
+        packed = (
+            self.pack(xs, 1),
+            self.pack(np.stack([b.y for b in batches]), 1),
+            self.pack(np.stack([b.mask for b in batches]), 1),
+        )
+        self._verify_once(xs, packed[0])
+        return packed
+
+    def _verify_once(self, array: np.ndarray, packed: Any) -> None:
+        if not self._verified:
+            self._verified = True
+            self.verify(array, packed)
+
+    def verify(self, array: np.ndarray, packed: Any) -> None:
+        """Check once that DTensor reads the packed batch as the host batch, row for row.
+
+        A wrong packing raises nothing in DTensor and trains on the wrong rows (DTENSOR_NOTES
+        trap 3); gathering the first batch back is the guard. In a multi-client run a client
+        cannot gather the others' rows alone, so only one process checks.
+        """
+        from tensorflow.experimental import dtensor
+
+        from dtcli.layout import replicated
+
+        if len(self.local_shards) != self.shards:
+            return
+        whole = dtensor.unpack(dtensor.relayout(packed, replicated(self.mesh, array.ndim)))[0]
+        if not np.array_equal(whole.numpy(), array, equal_nan=True):
+            raise RuntimeError(
+                f"packing bug: the batch on mesh {self.mesh} is not the host batch "
+                f"(data axis {self.data_axis!r})"
+            )
