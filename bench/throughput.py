@@ -10,6 +10,8 @@ float frozen at trace time), a tf.data pipeline, `tf.split` + `dtensor.pack` per
     python bench/throughput.py                                  # MNIST IDX from ../shared
     python bench/throughput.py --mesh batch=4,model=2 --repeats 5
     python bench/throughput.py --synthetic                      # no data files needed
+    python bench/throughput.py --synthetic --limit --mesh batch=1 --devices cpu:1
+                                       # against the limit: 200 steps in one call, data on device
 
 It prints one table and, last, one JSON line with both rates and their ratio (dtcli / hand).
 Only full batches are timed (the recipe's steps per epoch are cut to whole batches), so both
@@ -30,6 +32,7 @@ MNIST = ROOT.parent / "shared" / "data" / "mnist"
 
 def hand_written_loop(mesh, data_axis: str, initial: dict, widths: list[int], lr: float):
     """Seed 000's model, optimizer, packing and step, written the way the tutorial writes them."""
+    import numpy as np
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
@@ -124,6 +127,44 @@ def hand_written_loop(mesh, data_axis: str, initial: dict, widths: list[int], lr
             losses.append(loss)
         return len(losses) * batch_size, float(tf.reduce_mean(tf.stack(losses)))
 
+    @tf.function
+    def limit_call(xs, ys):
+        # Every step of the epoch in one call, on data already on the devices: no host work
+        # between steps at all. The upper bound a loop can reach on this model and mesh.
+        total = tf.constant(0.0)
+        for i in tf.range(tf.shape(xs)[0]):
+            loss, _ = train_step.python_function(tf.gather(xs, i), tf.gather(ys, i))
+            total += loss
+        return total / tf.cast(tf.shape(xs)[0], tf.float32)
+
+    def block_layout(rank):
+        return dtensor.Layout(
+            [dtensor.UNSHARDED, data_axis] + [dtensor.UNSHARDED] * (rank - 2), mesh
+        )
+
+    def pack_epoch(x, y, batch_size: int):
+        """The epoch's whole batches as one [steps, batch, ...] block on the mesh (untimed)."""
+        steps = len(y) // batch_size
+        xs = x[: steps * batch_size].reshape(steps, batch_size, *x.shape[1:])
+        ys = y[: steps * batch_size].reshape(steps, batch_size)
+
+        def pack(a):
+            parts = np.split(a, mesh.dim_size(data_axis), axis=1)
+            return dtensor.pack(
+                [parts[loc[data_axis]] for loc in mesh.local_device_locations()],
+                block_layout(a.ndim),
+            )
+
+        return steps, pack(xs), pack(ys)
+
+    def limit_epoch(packed, batch_size: int) -> tuple[int, float, float]:
+        steps, xs, ys = packed
+        start = time.perf_counter()
+        loss = float(limit_call(xs, ys))  # reading the loss waits for the whole call
+        return steps * batch_size, time.perf_counter() - start, loss
+
+    run_epoch.limit = limit_epoch
+    run_epoch.pack_epoch = pack_epoch
     return run_epoch
 
 
@@ -131,6 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "mnist_core_mlp.yaml"))
     parser.add_argument("--mesh", default=None, help="mesh for both loops (default: the recipe's)")
+    parser.add_argument("--devices", default=None, help="devices (default: the recipe's)")
     parser.add_argument("--repeats", type=int, default=3, help="timed epochs of each loop")
     parser.add_argument("--synthetic", action="store_true", help="synthetic data, no files")
     parser.add_argument("--json", default=None, help="also write the result to this file")
@@ -139,6 +181,12 @@ def main() -> None:
         default=None,
         help="comma list of train.steps_per_call values, each timed as its own dtcli loop "
         "(default: the recipe's)",
+    )
+    parser.add_argument(
+        "--limit",
+        action="store_true",
+        help="also time the limit loop: every step of an epoch in one tf.function on data "
+        "already on the devices (with --synthetic: 200 steps an epoch)",
     )
     args = parser.parse_args()
 
@@ -151,10 +199,11 @@ def main() -> None:
 
     sets = []
     if args.synthetic or not MNIST.is_dir():
-        sets += ["data.source=synthetic", "data.shape=[784]", "data.count=5000"]
+        count = 200 * 128 if args.limit else 5000
+        sets += ["data.source=synthetic", "data.shape=[784]", f"data.count={count}"]
     else:
         sets += ["data.source=idx", f"data.path={MNIST}"]
-    recipe = recipe_lib.load(args.recipe, sets, mesh=args.mesh)
+    recipe = recipe_lib.load(args.recipe, sets, mesh=args.mesh, devices=args.devices)
     if recipe.model.api != "core":
         raise SystemExit("bench/throughput.py compares Core-API MLP recipes (model.api: core)")
     session = session_lib.prepare(recipe)
@@ -196,6 +245,24 @@ def main() -> None:
         return examples / (time.perf_counter() - start), mean_loss
 
     loops["hand"] = hand
+    if args.limit:
+        # Its own weights and optimizer state (the same initial values): the loops do not
+        # share state, so each trains the same examples from the same start.
+        limit_loop = hand_written_loop(
+            session.mesh, recipe.layouts.data_axis, initial, widths, recipe.optimizer.learning_rate
+        )
+        blocks = {}
+
+        def limit(epoch: int) -> tuple[float, float]:
+            if epoch not in blocks:
+                order = pipeline_lib.epoch_order(len(session.data.train), recipe.seed, epoch, True)
+                x, y = session.data.train.x[order], session.data.train.y[order]
+                blocks.clear()
+                blocks[epoch] = limit_loop.pack_epoch(x, y, batch)
+            examples, seconds, mean_loss = limit_loop.limit(blocks.pop(epoch), batch)
+            return examples / seconds, mean_loss
+
+        loops["limit"] = limit
     rates: dict[str, list[float]] = {name: [] for name in loops}
     losses: dict[str, float] = {}
     for epoch in range(args.repeats + 1):  # epoch 0 traces every step: not timed
@@ -221,6 +288,9 @@ def main() -> None:
             for name, v in rates.items()
         },
         "ratios": {name: med[name] / med["hand"] for name in loops},
+        "ratios_to_limit": (
+            {name: med[name] / med["limit"] for name in loops} if "limit" in loops else None
+        ),
         "epoch_loss": losses,
     }
     print(
@@ -230,7 +300,9 @@ def main() -> None:
     for name, v in rates.items():
         print(
             f"  {name:14} {min(v):10,.0f} {med[name]:10,.0f} {max(v):10,.0f} examples/s   "
-            f"x{med[name] / med['hand']:.3f} of hand   last epoch's mean loss {losses[name]:.6f}"
+            f"x{med[name] / med['hand']:.3f} of hand"
+            + (f"  x{med[name] / med['limit']:.3f} of limit" if "limit" in med else "")
+            + f"   last epoch's mean loss {losses[name]:.6f}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -372,19 +372,19 @@ def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
     def stream(split: str, key: str) -> Stream:
         try:
             count = int(info.splits[split].num_examples)
-        except (KeyError, ValueError, AssertionError) as exc:
-            if not info.splits:
-                where = cfg.data_dir or "~/tensorflow_datasets"
+        except (KeyError, ValueError, AssertionError):
+            # The metadata does not know the split (a data set without split info, TFDS' mock
+            # data): count by reading it, which also says whether it is prepared and valid.
+            import tensorflow as tf
+
+            records = _tfds_records(cfg, split, key)
+            try:
+                count = int(records.reduce(np.int64(0), lambda n, _: n + 1))
+            except tf.errors.OpError as exc:
                 raise UsageError(
-                    f"recipe key 'data.name': TFDS data set {cfg.name!r} is not prepared in "
-                    f"{where} and data.download is false; prepare it where there is network "
-                    f"(`tfds build {cfg.name} --data_dir DIR`) and set data.data_dir=DIR, or "
-                    "--set data.download=true"
+                    f"recipe key 'data.{key}': reading TFDS {cfg.name!r} {split!r} failed "
+                    f"({_op_error_text(exc)})"
                 ) from None
-            raise UsageError(
-                f"recipe key 'data.{key}': {split!r} is not a valid split "
-                f"({str(exc).strip().splitlines()[0][:200]}; splits: {', '.join(info.splits)})"
-            ) from None
         if count == 0:
             raise UsageError(f"recipe key 'data.{key}': split {split!r} holds no examples")
         example = tuple(int(d) for d in info.features["image"].shape)
@@ -636,7 +636,7 @@ def examples(stream: Stream, seed: int, epoch: int, shuffle: bool, group: int, g
         )
         return ds.map(_image_decoder(stream), num_parallel_calls=auto, deterministic=True)
     if stream.kind == "tfds":
-        ds = _tfds_records(stream)
+        ds = _tfds_records(cfg, stream.tfds_split, stream.where.removeprefix("data."))
         if shuffle:
             ds = ds.shuffle(cfg.shuffle_buffer, seed=_seed(seed, epoch, 0))
         ds = ds.shard(groups, group) if groups > 1 else ds
@@ -718,23 +718,28 @@ def _image_decoder(stream: Stream) -> Any:
     return decode
 
 
-def _tfds_records(stream: Stream) -> Any:
+def _tfds_records(cfg: DataConfig, split: str, key: str) -> Any:
     import tensorflow_datasets as tfds
 
-    builder = _tfds_builder(stream.cfg)
+    builder = _tfds_builder(cfg)
     try:
         return builder.as_dataset(
-            split=stream.tfds_split,
+            split=split,
             as_supervised=True,
             shuffle_files=False,
             read_config=tfds.ReadConfig(try_autocache=False),
         )
-    except AssertionError:  # not prepared
-        where = stream.cfg.data_dir or "~/tensorflow_datasets"
+    except AssertionError:  # TFDS' way of saying "not prepared"
+        where = cfg.data_dir or "~/tensorflow_datasets"
         raise UsageError(
-            f"recipe key 'data.name': TFDS data set {stream.cfg.name!r} is not prepared in "
-            f"{where}; prepare it (`tfds build {stream.cfg.name} --data_dir DIR`) and set "
-            "data.data_dir=DIR, or --set data.download=true"
+            f"recipe key 'data.name': TFDS data set {cfg.name!r} is not prepared in {where} and "
+            f"data.download is false; prepare it where there is network (`tfds build {cfg.name} "
+            "--data_dir DIR`) and set data.data_dir=DIR, or --set data.download=true"
+        ) from None
+    except (ValueError, KeyError) as exc:
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"recipe key 'data.{key}': {split!r} is not a valid split ({text})"
         ) from None
 
 

@@ -109,8 +109,10 @@ def digit_files(tmp_path_factory, cpu8) -> dict[str, list[str]]:
     shape = ["data.shape=[8,8,1]", "data.flatten=true"]
     out: dict[str, list[str]] = {}
     for name, split in (("train", digits.train), ("eval", digits.eval)):
-        pixels = np.round(split.x * 255).astype(np.uint8)  # [0, 1] floats back to bytes
-        data_lib.write_tfrecords(pixels, split.y, folder / "tfrecord", name, 3)
+        # TFRecords of the digits' own float32 values (the quickstart's data exactly); PNGs of
+        # them as bytes.
+        data_lib.write_tfrecords(split.x, split.y, folder / "tfrecord", name, 3)
+        pixels = np.round(split.x * 255).astype(np.uint8)
         for i, (image, label) in enumerate(zip(pixels, split.y)):
             target = folder / "images" / name / f"class{label}" / f"{i:04d}.png"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +121,7 @@ def digit_files(tmp_path_factory, cpu8) -> dict[str, list[str]]:
         "data.source=tfrecord",
         f"data.path={folder}/tfrecord/train-*",
         f"data.eval_path={folder}/tfrecord/eval-*",
+        "data.dtype=float32",
         *shape,
     ]
     out["images"] = [

@@ -1,4 +1,4 @@
-"""Data sources and batching (numpy only; packing onto a mesh is tested in test_sharding)."""
+"""Data sources (batching: test_pipeline; packing onto a mesh: test_sharding)."""
 
 from __future__ import annotations
 
@@ -83,24 +83,3 @@ def test_embedded_digits():
 def test_synthetic_is_learnable_shape():
     ds = D.load(DataConfig(source="synthetic", shape=(4, 4, 1), classes=3, count=64, eval_count=16))
     assert ds.train.x.shape == (64, 16) and set(np.unique(ds.train.y)) <= {0, 1, 2}
-
-
-def test_ragged_last_batch_is_padded_and_masked():
-    split = D.Split(np.arange(10, dtype=np.float32)[:, None], np.arange(10, dtype=np.int32))
-    out = list(D.batches(split, 4))
-    assert [b.x.shape for b in out] == [(4, 1)] * 3
-    assert out[-1].mask.tolist() == [1, 1, 0, 0]
-    assert out[-1].y[:2].tolist() == [8, 9]
-    seen = np.concatenate([b.y[b.mask > 0] for b in out])
-    assert sorted(seen.tolist()) == list(range(10))  # every example exactly once
-    # a partial order (resuming mid-epoch) gives only its own batches
-    rest = list(D.batches(split, 4, np.arange(4, 10)))
-    assert len(rest) == 2 and rest[-1].mask.tolist() == [1, 1, 0, 0]
-
-
-def test_epoch_order_is_a_function_of_seed_and_epoch():
-    a = D.epoch_order(100, 7, 3, True)
-    assert np.array_equal(a, D.epoch_order(100, 7, 3, True))
-    assert not np.array_equal(a, D.epoch_order(100, 7, 4, True))
-    assert sorted(a.tolist()) == list(range(100))
-    assert D.epoch_order(5, 7, 3, False).tolist() == [0, 1, 2, 3, 4]

@@ -41,9 +41,10 @@ def test_doctor_fails_when_all_reduce_combining_is_forced_on():
     failed = proc.stderr.strip().splitlines()[-1]
     assert failed.startswith("doctor: ")
     assert "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION" in failed
-    # Not only the flag check: the numerical probes see the wrong numbers themselves.
+    # Not only the flag check: the fused-step probe sees the wrong numbers itself. (dtcli's own
+    # step, its update inside a tf.cond in a loop of K steps, measured right even with the flag
+    # on; train refuses the flag all the same, below.)
     assert "probe: DTensor runtime (fused step)" in failed
-    assert "probe: dtcli keras + adam" in failed
 
 
 def test_train_refuses_the_flag_that_gives_wrong_weights(tmp_path):

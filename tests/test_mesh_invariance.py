@@ -59,6 +59,14 @@ CASES = {
 }
 
 
+def meshes_of(case: str) -> list[str]:
+    """The streamed sources differ from the others in how examples reach the batch axis, not
+    in the weights: the meshes with a batch axis (and 1 device) are theirs."""
+    if "@" in "".join(CASES[case]):
+        return [m for m in MESHES if m != "model=8"]
+    return MESHES
+
+
 def train_20_steps(
     mesh: str, files: dict[str, list[str]], use_devices: int | None = None
 ) -> tuple[dict, dict]:
@@ -71,6 +79,8 @@ def train_20_steps(
 
     losses, arrays, sharded = {}, {}, {}
     for case, sets in CASES.items():
+        if mesh not in meshes_of(case):
+            continue
         sets = [x for s in sets for x in (files[s[1:]] if s.startswith("@") else [s])]
         recipe = R.load(ROOT / "recipes" / "quickstart.yaml", sets, mesh=mesh, devices="cpu:8")
         s = T.prepare(recipe, use_devices=use_devices)
@@ -109,8 +119,9 @@ def test_meshes_are_what_they_say(runs):
     assert sorted(sharded["subclassed-adam"]) == ["down.kernel", "up.kernel"]
 
 
-@pytest.mark.parametrize("mesh", MESHES[1:])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "case, mesh", [(c, m) for c in CASES for m in MESHES[1:] if m in meshes_of(c)]
+)
 def test_same_weights_and_losses_as_one_device(runs, mesh, case):
     base_meta, base = runs["batch=1"]
     meta, other = runs[mesh]

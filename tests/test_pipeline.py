@@ -14,6 +14,27 @@ from dtcli import recipe as R
 from dtcli.errors import UsageError
 
 
+def test_ragged_last_batch_is_padded_and_masked():
+    split = data_lib.Split(np.arange(10, dtype=np.float32)[:, None], np.arange(10, dtype=np.int32))
+    out = list(P.batches(split, 4))
+    assert [b.x.shape for b in out] == [(4, 1)] * 3
+    assert out[-1].mask.tolist() == [1, 1, 0, 0]
+    assert out[-1].y[:2].tolist() == [8, 9]
+    seen = np.concatenate([b.y[b.mask > 0] for b in out])
+    assert sorted(seen.tolist()) == list(range(10))  # every example exactly once
+    # a partial order (resuming mid-epoch) gives only its own batches
+    rest = list(P.batches(split, 4, np.arange(4, 10)))
+    assert len(rest) == 2 and rest[-1].mask.tolist() == [1, 1, 0, 0]
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch():
+    a = P.epoch_order(100, 7, 3, True)
+    assert np.array_equal(a, P.epoch_order(100, 7, 3, True))
+    assert not np.array_equal(a, P.epoch_order(100, 7, 4, True))
+    assert sorted(a.tolist()) == list(range(100))
+    assert P.epoch_order(5, 7, 3, False).tolist() == [0, 1, 2, 3, 4]
+
+
 def stream(counts: tuple[int, ...], kind: str = "tfrecord") -> data_lib.Stream:
     cfg = R.DataConfig()
     files = tuple(f"f{i}" for i in range(len(counts)))
