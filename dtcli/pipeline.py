@@ -236,6 +236,14 @@ class Packer:
             self.layout(array.ndim, batch_dim),
         )
 
+    def scalar(self, value: int) -> Any:
+        """An int32 scalar on the mesh (replicated): a call's argument that must not retrace."""
+        from tensorflow.experimental import dtensor
+
+        from dtcli.layout import replicated
+
+        return dtensor.copy_to_mesh(np.int32(value), replicated(self.mesh, 0))
+
     def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
         packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)
         self._verify_once(batch.x, packed[0])

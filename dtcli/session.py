@@ -178,7 +178,7 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         return out
 
     @tf.function
-    def train_call(xs: Any, ys: Any, masks: Any) -> dict[str, Any]:
+    def train_call(xs: Any, ys: Any, masks: Any, real: Any) -> dict[str, Any]:
         steps = xs.shape[0]
         losses = tf.zeros([steps])
         correct = tf.zeros([steps])
@@ -186,7 +186,9 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         applied = tf.constant(0)
         healthy = tf.constant(True)
         # tf.range, not range: one traced step whatever K is (a Python loop would compile K).
-        for i in tf.range(steps):
+        # Only the `real` steps of the block run: the padding of a short last block costs
+        # nothing (measured: computing it made K=16 0.88x of K=4 on 39-step epochs).
+        for i in tf.range(real):
             # tf.gather, not xs[i]: DTensor gives a strided slice with a dynamic index the
             # layout of its input shifted by one dim (measured: a rank-5 block trains on
             # scrambled rows with no error; MaxPool refuses "unsharded,batch,..."). The
@@ -223,7 +225,7 @@ def train_block(session: Session, train_call: Any, batches: list[pipeline_lib.Ba
     real = len(batches)
     if real < k:
         batches = batches + [pipeline_lib.empty_like(batches[0])] * (k - real)
-    out = train_call(*session.packer.pack_block(batches))
+    out = train_call(*session.packer.pack_block(batches), session.packer.scalar(real))
     return {
         "loss": out["loss"].numpy()[:real],
         "correct": out["correct"].numpy()[:real],
