@@ -70,15 +70,8 @@ def batches(
             width = len(rows)
         else:
             width = batch_size
-        x, y = split.x[take], split.y[take]
-        mask = np.ones(width, np.float32)
-        if len(take) < width:
-            # Padding sits at the end of the global batch, hence at the end of any row subset.
-            pad = width - len(take)
-            x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-            y = np.concatenate([y, np.zeros(pad, y.dtype)])
-            mask[len(take) :] = 0.0
-        yield Batch(x, y, mask)
+        # Padding sits at the end of the global batch, hence at the end of any row subset.
+        yield _padded(split.x[take], split.y[take], width)
 
 
 @dataclass(frozen=True)
@@ -133,26 +126,21 @@ class Feed:
         ds = (
             examples.skip(start * self.local_batch)
             .batch(self.local_batch)
+            .take(stop - start)
             .prefetch(tf.data.AUTOTUNE)  # the host decodes the next batches while devices run
         )
         done = start
-        shape = (self.local_batch, *self.split.example_shape)
         with data_lib.reading(self.split):
             for x, y in ds.as_numpy_iterator():
-                if done == stop:
-                    return
                 yield _padded(x, y, self.local_batch)
                 done += 1
-        while done < stop:  # this group's share ran out before the longest one's
-            yield Batch(
-                np.zeros(shape, np.float32),
-                np.zeros(self.local_batch, np.int32),
-                np.zeros(self.local_batch, np.float32),
-            )
-            done += 1
+        empty = np.zeros((0, *self.split.example_shape), np.float32)
+        for _ in range(done, stop):  # this group's share ran out before the longest one's
+            yield _padded(empty, np.zeros(0, np.int32), self.local_batch)
 
 
 def _padded(x: np.ndarray, y: np.ndarray, width: int) -> Batch:
+    """`width` rows: the examples given, then zeros masked out."""
     mask = np.ones(width, np.float32)
     if len(y) < width:
         pad = width - len(y)
