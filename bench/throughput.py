@@ -183,6 +183,12 @@ def main() -> None:
         "(default: the recipe's)",
     )
     parser.add_argument(
+        "--placement",
+        default=None,
+        help="comma list of data.placement values (auto, device, host), each timed as its own "
+        "dtcli loop (default: the recipe's)",
+    )
+    parser.add_argument(
         "--limit",
         action="store_true",
         help="also time the limit loop: every step of an epoch in one tf.function on data "
@@ -224,18 +230,23 @@ def main() -> None:
         if args.steps_per_call
         else [recipe.train.steps_per_call]
     )
+    placements = args.placement.split(",") if args.placement else [recipe.data.placement]
     loops = {}
     for k in ks:
-        # Each K its own session from the same seed: the same initial weights and examples.
-        s_k = session if k == ks[0] else session_lib.prepare(recipe)
-        s_k = dataclasses.replace(
-            s_k,
-            recipe=recipe_lib.replace(
+        for placement in placements:
+            # Each loop its own session from the same seed: the same initial weights, examples.
+            first = k == ks[0] and placement == placements[0]
+            r_k = recipe_lib.replace(
                 recipe,
                 train=dataclasses.replace(_steps(recipe.train, full), steps_per_call=k),
-            ),
-        )
-        loops[f"dtcli K={k}" if len(ks) > 1 else "dtcli"] = _dtcli_epoch(s_k, session_lib)
+                data=dataclasses.replace(recipe.data, placement=placement),
+            )
+            s_k = dataclasses.replace(session, recipe=r_k) if first else None
+            if s_k is None or placement != recipe.data.placement:
+                s_k = dataclasses.replace(session_lib.prepare(r_k), recipe=r_k)
+            name = "dtcli" + (f" K={k}" if len(ks) > 1 else "")
+            name += f" {placement}" if len(placements) > 1 else ""
+            loops[name] = _dtcli_epoch(s_k, session_lib)
 
     def hand(epoch: int) -> tuple[float, float]:
         order = pipeline_lib.epoch_order(len(session.data.train), recipe.seed, epoch, True)

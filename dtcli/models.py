@@ -44,6 +44,9 @@ class Built:
     trainable_variables: list
     weights: list[WeightInfo]
     variables: dict[str, Any]  # every weight by its path (the keys the layout rules match)
+    # A user's own model (`model.build`) may branch on tensors in Python, which only AutoGraph
+    # turns into graph ops; dtcli's own layers never do.
+    needs_autograph: bool = False
 
 
 _KERAS_CALL = re.compile(r"Exception encountered when calling layer ['\"]([^'\"]*)['\"]")
@@ -364,6 +367,7 @@ def build_keras(
         trainable_variables=list(model.trainable_variables),
         weights=[p.weight for p in plans],
         variables={path: var for path, var, _ in variables},
+        needs_autograph=cfg.build is not None,
     )
 
 

@@ -34,8 +34,18 @@ class Batch:
     mask: np.ndarray  # 1.0 for real examples, 0.0 for padding
 
 
-def empty_like(batch: Batch) -> Batch:
+@dataclass(frozen=True)
+class Picks:
+    """A batch of a split placed on the devices, named by its examples' positions in it."""
+
+    index: np.ndarray  # int32 positions in the split (padding: 0, masked out)
+    mask: np.ndarray
+
+
+def empty_like(batch: Batch | Picks) -> Batch | Picks:
     """A batch of the same shapes holding no example (mask all zero): pads a block of steps."""
+    if isinstance(batch, Picks):
+        return Picks(np.zeros_like(batch.index), np.zeros_like(batch.mask))
     return Batch(np.zeros_like(batch.x), np.zeros_like(batch.y), np.zeros_like(batch.mask))
 
 
@@ -61,7 +71,20 @@ def batches(
     `rows`: only these positions of each global batch are read (a client of a multi-client run
     reads the shards its own devices hold, see Packer.rows); None reads the whole batch.
     """
-    idx = np.arange(len(split)) if order is None else order
+    for picks in positions(len(split), batch_size, order, rows):
+        real = picks.mask > 0
+        take = picks.index[real]
+        yield _padded(split.x[take], split.y[take], len(picks.mask))
+
+
+def positions(
+    n: int,
+    batch_size: int,
+    order: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+) -> Iterator[Picks]:
+    """The batches of `batches` as positions in the split (for a split placed on the devices)."""
+    idx = np.arange(n) if order is None else order
     for start in range(0, len(idx), batch_size):
         take = idx[start : start + batch_size]
         if rows is not None:
@@ -71,7 +94,11 @@ def batches(
         else:
             width = batch_size
         # Padding sits at the end of the global batch, hence at the end of any row subset.
-        yield _padded(split.x[take], split.y[take], width)
+        index = np.zeros(width, np.int32)
+        index[: len(take)] = take
+        mask = np.zeros(width, np.float32)
+        mask[: len(take)] = 1.0
+        yield Picks(index, mask)
 
 
 @dataclass(frozen=True)
@@ -85,10 +112,22 @@ class Share:
 
 class Feed:
     """One split batched for this process: `epoch(e, start)` gives the batches of epoch `e` from
-    batch `start` on, `steps` of them in all (fixed-shape, the last ones padded)."""
+    batch `start` on, `steps` of them in all (fixed-shape, the last ones padded).
 
-    def __init__(self, split: Any, batch_size: int, seed: int, shuffle: bool, share: Share) -> None:
+    `on_device`: the split is placed on the devices (an in-memory split only) and the epoch
+    gives Picks, the positions of each batch's examples, instead of the examples."""
+
+    def __init__(
+        self,
+        split: Any,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        share: Share,
+        on_device: bool = False,
+    ) -> None:
         self.split = split
+        self.on_device = on_device
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
@@ -105,13 +144,17 @@ class Feed:
             # step wait for every client.
             self.steps = max(steps_per_epoch(n, self.local_batch) for n in counts)
 
-    def epoch(self, epoch: int, start: int = 0, stop: int | None = None) -> Iterator[Batch]:
+    def epoch(
+        self, epoch: int, start: int = 0, stop: int | None = None
+    ) -> Iterator[Batch] | Iterator[Picks]:
         stop = self.steps if stop is None else min(stop, self.steps)
         if start >= stop:
             return iter(())
         if self.in_memory:
             order = epoch_order(len(self.split), self.seed, epoch, self.shuffle)
             order = order[start * self.batch_size : stop * self.batch_size]
+            if self.on_device:
+                return positions(len(self.split), self.batch_size, order, self.share.rows)
             return batches(self.split, self.batch_size, order, self.share.rows)
         return self._stream(epoch, start, stop)
 
@@ -247,6 +290,21 @@ class Packer:
         )
         self._verify_once(xs, packed[0])
         return packed
+
+    def pack_picks(self, picks: list[Picks]) -> tuple[Any, Any]:
+        """K batches of positions as one block [K, batch]: the batch dim (1) sharded."""
+        index = np.stack([p.index for p in picks])
+        packed = self.pack(index, 1), self.pack(np.stack([p.mask for p in picks]), 1)
+        self._verify_once(index, packed[0])
+        return packed
+
+    def place(self, array: np.ndarray) -> Any:
+        """A whole array on every device of the mesh (replicated): a split placed once."""
+        from tensorflow.experimental import dtensor
+
+        from dtcli.layout import replicated
+
+        return dtensor.pack([array] * len(self.shard_of_device), replicated(self.mesh, array.ndim))
 
     def _verify_once(self, array: np.ndarray, packed: Any) -> None:
         if not self._verified:

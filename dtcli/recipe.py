@@ -24,6 +24,8 @@ import yaml
 from dtcli.errors import UsageError
 
 UNSHARDED = "unsharded"
+# Sources read through tf.data, never held whole in memory.
+STREAMED_SOURCES = ("tfds", "tfrecord", "images")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class DataConfig:
     eval_batch_size: int | None = None
     flatten: bool = True
     shuffle: bool = True
+    # In-memory sources (embedded, idx, synthetic): "device" places the training split on the
+    # devices once and each step gathers its batch there (no host copy per step); "host"
+    # copies each block of batches from the host; "auto" places it when every local device's
+    # copy together stays under 1 GiB.
+    placement: Literal["auto", "device", "host"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -443,6 +450,11 @@ def _check_data(d: DataConfig) -> None:
         for key in ("path", "eval_path"):
             if not getattr(d, key):
                 raise UsageError(f"recipe key 'data.{key}': source {d.source} needs {what}")
+    if d.placement == "device" and d.source in STREAMED_SOURCES:
+        raise UsageError(
+            f"recipe key 'data.placement': device needs an in-memory source (embedded, idx, "
+            f"synthetic); source {d.source} is streamed, never held whole (use auto or host)"
+        )
     if d.shuffle_buffer <= 0:
         raise UsageError(
             f"recipe key 'data.shuffle_buffer': expected a positive integer, got {d.shuffle_buffer}"

@@ -308,6 +308,15 @@ CASES: dict[str, Case] = {
     "tfrecord encoding unknown": t("data.encoding=jpeg", expect="data.encoding"),
     "tfrecord dtype unknown": t("data.dtype=int64", expect="data.dtype"),
     "shuffle buffer zero": t("data.shuffle_buffer=0", expect="data.shuffle_buffer"),
+    "placement unknown": t("data.placement=gpu", expect="data.placement"),
+    "placement as a bool": t("data.placement=true", expect="data.placement"),
+    "placement device of a stream": t(
+        "data.source=tfrecord",
+        "data.path=a*",
+        "data.eval_path=a*",
+        "data.placement=device",
+        expect="recipe key 'data.placement': device needs an in-memory source",
+    ),
     "images one class": t(
         "data.source=images",
         "data.path=imgs",

@@ -27,6 +27,26 @@ def test_ragged_last_batch_is_padded_and_masked():
     assert len(rest) == 2 and rest[-1].mask.tolist() == [1, 1, 0, 0]
 
 
+@pytest.mark.parametrize("rows", [None, np.array([2, 3]), np.array([0, 1])])
+def test_positions_name_the_examples_of_the_host_batches(rows):
+    """A split placed on the devices is batched by positions: the same examples, padding and
+    mask as the host batches, for the whole batch and for a client's rows of it."""
+    split = data_lib.Split(
+        np.arange(10, dtype=np.float32)[:, None] * 10, np.arange(10, dtype=np.int32)
+    )
+    order = P.epoch_order(10, 3, 1, True)
+    host = list(P.batches(split, 4, order, rows))
+    picks = list(P.positions(10, 4, order, rows))
+    assert len(picks) == len(host) == 3
+    for p, b in zip(picks, host, strict=True):
+        assert p.index.dtype == np.int32
+        np.testing.assert_array_equal(p.mask, b.mask)
+        real = p.mask > 0
+        np.testing.assert_array_equal(split.y[p.index[real]], b.y[real])
+        np.testing.assert_array_equal(split.x[p.index[real]], b.x[real])
+        assert not p.index[~real].any()  # padding points at example 0, masked out
+
+
 def test_epoch_order_is_a_function_of_seed_and_epoch():
     a = P.epoch_order(100, 7, 3, True)
     assert np.array_equal(a, P.epoch_order(100, 7, 3, True))

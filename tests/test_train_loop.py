@@ -30,8 +30,10 @@ def weights(s: T.Session) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def one_per_call(cpu8):
-    """7 steps, one per call: the reference."""
+    """7 steps, one per call, the split placed on the devices (auto, as the digits fit): the
+    reference."""
     s = session(1)
+    assert s.placed is not None and s.train_feed.on_device
     losses = T.run_steps(s, 7)
     return losses, weights(s), int(s.optimizer.iterations.numpy())
 
@@ -59,12 +61,27 @@ def poison(s: T.Session, batch: int) -> None:
     cfg = s.recipe.data
     order = pipeline_lib.epoch_order(len(s.data.train), s.recipe.seed, 0, cfg.shuffle)
     s.data.train.x[order[batch * cfg.batch_size]].flat[0] = np.nan
+    if s.placed is not None:  # the split on the devices is a copy: place the poisoned one
+        s.placed = (s.packer.place(s.data.train.x), s.placed[1])
 
 
-def test_a_non_finite_loss_inside_a_call_keeps_the_last_finite_weights(cpu8):
+def test_the_split_placed_on_the_devices_trains_as_batches_from_the_host(one_per_call):
+    """data.placement device gathers each batch on the devices; host copies it: the same
+    examples in the same order, so the same numbers."""
+    losses, reference, _ = one_per_call
+    s = session(3, ["data.placement=host"])
+    assert s.placed is None and not s.train_feed.on_device
+    np.testing.assert_allclose(T.run_steps(s, 7), losses, rtol=1e-6)
+    for path, value in weights(s).items():
+        np.testing.assert_allclose(value, reference[path], rtol=1e-6, atol=1e-7, err_msg=path)
+
+
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_a_non_finite_loss_inside_a_call_keeps_the_last_finite_weights(cpu8, placement):
     clean = session(1, TANH)
     T.run_steps(clean, 5)
-    s = session(4, TANH)
+    s = session(4, [*TANH, f"data.placement={placement}"])
+    assert (s.placed is not None) == (placement == "device")
     poison(s, 5)  # the 6th step: the second call's second step
     state = T.EpochState(0)
     with pytest.raises(T.NonFiniteLoss) as caught:
