@@ -102,3 +102,38 @@ def test_an_epoch_in_blocks_counts_every_example_once(cpu8):
     assert state.batch == 45 == T.epoch_steps(s)
     assert state.count == len(s.data.train) == 1437
     assert int(s.optimizer.iterations.numpy()) == 45
+
+
+def test_a_run_resumed_mid_epoch_on_tfrecords_ends_equal(cpu8, digit_files, tmp_path):
+    """Streamed input, shuffled (files permuted, a seeded buffer): stopped after the first call
+    of an epoch, checkpointed, restored into a new session and finished, the run ends with the
+    weights of one that never stopped (the resumed epoch skips what was trained, in the same
+    order)."""
+    from dtcli import checkpoint as ckpt_lib
+
+    sets = [*digit_files["tfrecord"], "train.steps_per_epoch=10", "data.shuffle_buffer=200"]
+    whole = session(4, sets)
+    assert not whole.train_feed.in_memory
+    call = T.make_steps(whole)[0]
+    for epoch in (0, 1):
+        T.run_epoch(whole, call, T.EpochState(epoch))
+
+    cut = session(4, sets)
+    call = T.make_steps(cut)[0]
+    T.run_epoch(cut, call, T.EpochState(0))
+    calls = []
+    state = T.run_epoch(
+        cut, call, T.EpochState(1), stop=lambda: len(calls) > 0, trained=lambda: calls.append(1)
+    )
+    assert state.batch == 4  # one call of the second epoch, then stopped
+    saver = ckpt_lib.Checkpointer(tmp_path, cut.checkpoint_objects(), keep=1)
+    saved = saver.save(int(cut.optimizer.iterations.numpy()), {"step": 14})
+
+    resumed = session(4, sets)
+    ckpt_lib.Checkpointer(tmp_path, resumed.checkpoint_objects(), keep=1).restore(saved)
+    assert int(resumed.optimizer.iterations.numpy()) == 14
+    T.run_epoch(resumed, T.make_steps(resumed)[0], T.EpochState(1, batch=state.batch))
+    assert int(resumed.optimizer.iterations.numpy()) == 20
+    reference = weights(whole)
+    for path, value in weights(resumed).items():
+        np.testing.assert_allclose(value, reference[path], rtol=1e-5, atol=1e-6, err_msg=path)
