@@ -581,10 +581,65 @@ def reading(stream: Stream) -> Iterator[None]:
         raise UsageError(_read_error(stream, _op_error_text(exc))) from None
 
 
+# The message of the check that a raw record holds data.shape values of data.dtype.
+RAW_SIZE = "raw image bytes do not make data.shape in data.dtype"
+
+
+def _raw_size_error(stream: Stream) -> str:
+    """Which of data.dtype or data.shape disagrees with the records, from the first one's size."""
+    import tensorflow as tf
+
+    cfg = stream.cfg
+    record = next(iter(tf.data.TFRecordDataset(stream.files[:1]).take(1)))
+    parsed = tf.io.parse_single_example(
+        record, {cfg.image_key: tf.io.FixedLenFeature([], tf.string)}
+    )
+    size = len(parsed[cfg.image_key].numpy())
+    values = int(np.prod(cfg.shape))
+    for dtype, width in (("uint8", 1), ("float32", 4)):
+        if dtype != cfg.dtype and size == values * width:
+            return (
+                f"recipe key 'data.dtype': the records' {cfg.image_key!r} holds {size} bytes, "
+                f"data.shape {list(cfg.shape)} of {dtype}, not {cfg.dtype}"
+            )
+    width = np.dtype(cfg.dtype).itemsize
+    return (
+        f"recipe key 'data.shape': the records' {cfg.image_key!r} holds {size} bytes, "
+        f"{size / width:g} values of {cfg.dtype} (data.dtype), not data.shape "
+        f"{list(cfg.shape)} ({values} values)"
+    )
+
+
+def _first_undecodable(stream: Stream) -> str | None:
+    """The first image file that does not decode (after a decoding error: the error of a tf.data
+    pipeline does not say which file it was)."""
+    import tensorflow as tf
+
+    for path in stream.files:
+        try:
+            tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+        except tf.errors.OpError:
+            return path
+    return None
+
+
 def _read_error(stream: Stream, text: str) -> str:
     cfg = stream.cfg
     key, hint = stream.where, ""
-    if "data.classes" in text:
+    if RAW_SIZE in text:
+        try:
+            return _raw_size_error(stream)
+        except Exception:  # the diagnosis is a courtesy: the plain message still says it
+            key = "data.shape"
+            hint = f" as {cfg.dtype}; the raw image bytes do not make data.shape {list(cfg.shape)}"
+    elif stream.kind == "images" and "image" in text.lower():
+        bad = _first_undecodable(stream)
+        if bad is not None:
+            return (
+                f"recipe key '{stream.where}': cannot decode {bad} ({text}); remove or replace "
+                "that file"
+            )
+    elif "data.classes" in text:
         key = "data.classes"
         hint = f"; every label must be in [0, {stream.classes})"
     elif stream.kind == "tfrecord" and "Feature:" in text:
@@ -694,7 +749,13 @@ def _record_decoder(stream: Stream) -> Any:
         parsed = tf.io.parse_single_example(record, spec)
         raw = parsed[cfg.image_key]
         if cfg.encoding == "raw":
-            x = tf.reshape(tf.io.decode_raw(raw, getattr(tf, cfg.dtype)), shape)
+            values = tf.io.decode_raw(raw, getattr(tf, cfg.dtype))
+            # An explicit check: a reshape alone was optimized into a later one and failed
+            # only when batching, naming nothing useful.
+            with tf.control_dependencies(
+                [tf.debugging.assert_equal(tf.size(values), int(np.prod(shape)), RAW_SIZE)]
+            ):
+                x = tf.reshape(values, shape)
         else:
             channels = shape[2] if len(shape) == 3 else 1
             x = tf.io.decode_image(raw, channels=channels, expand_animations=False)

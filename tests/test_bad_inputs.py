@@ -325,6 +325,14 @@ CASES: dict[str, Case] = {
         expect="recipe key 'data.path': imgs needs one subfolder per class",
         setup=file_at("imgs/only/a.png", "x"),
     ),
+    "images a file that is no image": t(
+        "data.source=images",
+        "data.path=imgs",
+        "data.eval_path=imgs",
+        "data.shape=[8,8,1]",
+        expect="recipe key 'data.eval_path': cannot decode imgs/a/a.png",
+        setup=lambda tmp: [file_at(f"imgs/{c}/a.png", "not a png")(tmp) for c in "ab"],
+    ),
     "images shape two dims": t(
         "data.source=images",
         "data.path=imgs",
