@@ -40,11 +40,14 @@ def generate(gigabytes: float, folder: Path, files: int, seed: int = 0) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--files", type=int, default=4, help="training files to write (default 4)")
     group = ap.add_mutually_exclusive_group(required=True)
     group.add_argument("--idx", type=Path, help="a folder of MNIST IDX files to convert")
     group.add_argument("--generate-gb", type=float, help="generate this many GB of examples")
     args = ap.parse_args()
+    from dtcli.devices import import_tensorflow
+
+    import_tensorflow()  # without TensorFlow's native start-up notices
     if args.idx is not None:
         from dtcli import data
 
