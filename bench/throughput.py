@@ -235,15 +235,14 @@ def main() -> None:
     for k in ks:
         for placement in placements:
             # Each loop its own session from the same seed: the same initial weights, examples.
-            first = k == ks[0] and placement == placements[0]
+            # The first reuses the session prepared above where its placement is the recipe's.
             r_k = recipe_lib.replace(
                 recipe,
                 train=dataclasses.replace(_steps(recipe.train, full), steps_per_call=k),
                 data=dataclasses.replace(recipe.data, placement=placement),
             )
-            s_k = dataclasses.replace(session, recipe=r_k) if first else None
-            if s_k is None or placement != recipe.data.placement:
-                s_k = dataclasses.replace(session_lib.prepare(r_k), recipe=r_k)
+            reuse = (k, placement) == (ks[0], placements[0]) == (ks[0], recipe.data.placement)
+            s_k = dataclasses.replace(session if reuse else session_lib.prepare(r_k), recipe=r_k)
             name = "dtcli" + (f" K={k}" if len(ks) > 1 else "")
             name += f" {placement}" if len(placements) > 1 else ""
             loops[name] = _dtcli_epoch(s_k, session_lib)

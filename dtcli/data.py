@@ -627,12 +627,9 @@ def _read_error(stream: Stream, text: str) -> str:
     cfg = stream.cfg
     key, hint = stream.where, ""
     if RAW_SIZE in text:
-        try:
+        with contextlib.suppress(Exception):  # a courtesy: the data.shape line below says it too
             return _raw_size_error(stream)
-        except Exception:  # the diagnosis is a courtesy: the plain message still says it
-            key = "data.shape"
-            hint = f" as {cfg.dtype}; the raw image bytes do not make data.shape {list(cfg.shape)}"
-    elif stream.kind == "images" and "image" in text.lower():
+    if stream.kind == "images" and "image" in text.lower():
         bad = _first_undecodable(stream)
         if bad is not None:
             return (
@@ -646,7 +643,7 @@ def _read_error(stream: Stream, text: str) -> str:
         missing = cfg.image_key if f"Feature: {cfg.image_key} " in text else cfg.label_key
         key = "data.image_key" if missing == cfg.image_key else "data.label_key"
         hint = f"; the records have no feature {missing!r} of that type"
-    elif stream.kind == "tfrecord" and "reshape" in text:
+    elif stream.kind == "tfrecord" and (RAW_SIZE in text or "reshape" in text):
         key = "data.shape"
         hint = f" as {cfg.dtype}; the raw image bytes do not make data.shape {list(cfg.shape)}"
     elif stream.kind == "tfrecord" and ("decode" in text.lower() or "image" in text.lower()):

@@ -17,7 +17,7 @@ steps, the short ones padding with masked batches.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -42,11 +42,14 @@ class Picks:
     mask: np.ndarray
 
 
+def _arrays(batch: Batch | Picks) -> list[np.ndarray]:
+    """A batch's arrays in field order (Batch: x, y, mask; Picks: index, mask)."""
+    return [getattr(batch, f.name) for f in fields(batch)]
+
+
 def empty_like(batch: Batch | Picks) -> Batch | Picks:
     """A batch of the same shapes holding no example (mask all zero): pads a block of steps."""
-    if isinstance(batch, Picks):
-        return Picks(np.zeros_like(batch.index), np.zeros_like(batch.mask))
-    return Batch(np.zeros_like(batch.x), np.zeros_like(batch.y), np.zeros_like(batch.mask))
+    return type(batch)(*(np.zeros_like(a) for a in _arrays(batch)))
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -280,22 +283,12 @@ class Packer:
         self._verify_once(batch.x, packed[0])
         return packed
 
-    def pack_block(self, batches: list[Batch]) -> tuple[Any, Any, Any]:
-        """K batches as one block [K, batch, ...]: the batch dim (1) sharded, K replicated."""
-        xs = np.stack([b.x for b in batches])
-        packed = (
-            self.pack(xs, 1),
-            self.pack(np.stack([b.y for b in batches]), 1),
-            self.pack(np.stack([b.mask for b in batches]), 1),
-        )
-        self._verify_once(xs, packed[0])
-        return packed
-
-    def pack_picks(self, picks: list[Picks]) -> tuple[Any, Any]:
-        """K batches of positions as one block [K, batch]: the batch dim (1) sharded."""
-        index = np.stack([p.index for p in picks])
-        packed = self.pack(index, 1), self.pack(np.stack([p.mask for p in picks]), 1)
-        self._verify_once(index, packed[0])
+    def pack_block(self, batches: list[Batch] | list[Picks]) -> tuple[Any, ...]:
+        """K batches as one block [K, batch, ...] per array (Batch: xs, ys, masks; Picks:
+        positions, masks): the batch dim (1) sharded, K replicated."""
+        stacked = [np.stack(arrays) for arrays in zip(*map(_arrays, batches), strict=True)]
+        packed = tuple(self.pack(a, 1) for a in stacked)
+        self._verify_once(stacked[0], packed[0])
         return packed
 
     def place(self, array: np.ndarray) -> Any:

@@ -279,13 +279,9 @@ def train_block(session: Session, train_call: Any, batches: list) -> dict:
     real = len(batches)
     if real < k:
         batches = batches + [pipeline_lib.empty_like(batches[0])] * (k - real)
-    packer = session.packer
-    if session.placed is not None:
-        index, masks = packer.pack_picks(batches)
-        inputs = (index,)
-    else:
-        *inputs, masks = packer.pack_block(batches)
-    out = train_call(tuple(inputs), masks, packer.scalar(real))
+    # (xs, ys, masks), or (positions, masks) of a split placed on the devices.
+    *inputs, masks = session.packer.pack_block(batches)
+    out = train_call(tuple(inputs), masks, session.packer.scalar(real))
     return {
         "loss": out["loss"].numpy()[:real],
         "correct": out["correct"].numpy()[:real],
