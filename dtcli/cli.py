@@ -196,16 +196,44 @@ def eval_(
     for key in (
         "split",
         "examples",
+        "tokens",
         "loss",
+        "perplexity",
         "accuracy",
         "mesh",
         "devices",
         "trained_on_mesh",
         "step",
     ):
+        if key not in result:  # examples (classifiers) or tokens and perplexity (LMs)
+            continue
         value = result[key]
         table.add_row(key, f"{value:.6f}" if isinstance(value, float) else str(value))
     Console().print(table)
+
+
+@app.command()
+def generate(
+    checkpoint: Path = typer.Argument(
+        ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
+    ),
+    prompt: str = typer.Option("\n", "--prompt", help="The text to continue."),
+    tokens: int = typer.Option(200, "--tokens", help="How many tokens (bytes) to generate."),
+    temperature: float = typer.Option(
+        1.0, "--temperature", help="Softmax temperature; 0: greedy (the most likely token)."
+    ),
+    top_k: int | None = typer.Option(None, "--top-k", help="Sample among the K most likely."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling (same seed, same text)."),
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+) -> None:
+    """Generate text from a language model checkpoint; prints only the generated text."""
+    from dtcli import generate as generate_lib
+
+    text = generate_lib.generate(
+        checkpoint, prompt, tokens, temperature, top_k, seed, mesh=mesh, devices=devices
+    )
+    sys.stdout.write(text + "\n")
 
 
 @app.command()
@@ -272,7 +300,10 @@ def plot(
         help="Folder for the PNGs (default RUN_DIR/plots for one run, ./plots for several).",
     ),
     metric: list[str] | None = typer.Option(
-        None, "--metric", help="loss, accuracy, step_loss or examples_per_sec (repeatable)."
+        None,
+        "--metric",
+        help="loss, accuracy, step_loss, examples_per_sec; language models also perplexity, "
+        "tokens_per_sec, learning_rate, grad_norm (repeatable).",
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dtcli.errors import UsageError
-from dtcli.recipe import DataConfig
+from dtcli.recipe import BYTE_VOCAB, DataConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,15 @@ class Split:
     @property
     def example_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
+
+
+@dataclass(frozen=True)
+class TextSplit(Split):
+    """Token windows of a byte string: x[i] the `context` tokens of window i, y[i] the same
+    shifted by one (the next token at every position). x and y are views of `tokens` (a
+    memory-mapped file where it is one file): a batch copies only its own windows."""
+
+    tokens: np.ndarray  # uint8, one token per byte
 
 
 @dataclass(frozen=True)
@@ -81,9 +90,18 @@ def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> D
         return _tfrecord(cfg, split_names)
     elif cfg.source == "images":
         return _images(cfg, split_names)
+    elif cfg.source == "text":
+        return _text(cfg)
     else:
         ds = _synthetic(cfg)
     return Dataset(_shape(ds.train, cfg), _shape(ds.eval, cfg), ds.num_classes, ds.description)
+
+
+def no_data(cfg: DataConfig) -> Dataset:
+    """A data set of no examples with the shapes `cfg` gives (describe): a model needs them."""
+    shape, classes = describe(cfg)
+    empty = Split(np.zeros((0, *shape), np.float32), np.zeros(0, np.int32))
+    return Dataset(empty, empty, classes, "none")
 
 
 def check_batch_fits(cfg: DataConfig, dataset: Dataset) -> None:
@@ -122,6 +140,8 @@ def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
         classes = info.features["label"].num_classes
     elif cfg.source == "images":
         example, classes = tuple(cfg.shape), len(_class_folders(Path(cfg.path or ""), "path"))
+    elif cfg.source == "text":
+        return (int(cfg.context or 1),), BYTE_VOCAB
     else:
         example, classes = tuple(cfg.shape), cfg.classes
     if cfg.flatten:
@@ -188,6 +208,93 @@ def _embedded(cfg: DataConfig) -> Dataset:
         Split(x[slice(*evaluate)], y[slice(*evaluate)]),
         10,
         f"embedded digits 8x8 ({train[1] - train[0]} train, {evaluate[1] - evaluate[0]} eval)",
+    )
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _text_files(pattern: str, key: str) -> list[Path]:
+    """A file, every file under a folder (sorted), or a glob's files (sorted)."""
+    import glob
+
+    path = Path(pattern).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise UsageError(f"recipe key '{key}': folder {pattern!r} holds no files")
+        return files
+    files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if not files:
+        raise UsageError(f"recipe key '{key}': no file, folder or glob match at {pattern!r}")
+    return files
+
+
+def stdlib_sources() -> list[Path]:
+    """The text corpus every Python installation carries: its standard library's top-level
+    modules' source files, sorted by name."""
+    import sysconfig
+
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+def _read_tokens(files: list[Path], key: str) -> np.ndarray:
+    """The files' bytes back to back as uint8 tokens (one file: memory-mapped, not read)."""
+    try:
+        if len(files) == 1:
+            if files[0].stat().st_size == 0:
+                raise UsageError(f"recipe key '{key}': {files[0]} is empty")
+            return np.memmap(files[0], dtype=np.uint8, mode="r")
+        return np.concatenate([np.fromfile(f, dtype=np.uint8) for f in files])
+    except OSError as exc:
+        raise UsageError(
+            f"recipe key '{key}': cannot read {exc.filename} ({exc.strerror})"
+        ) from None
+
+
+def _windows(tokens: np.ndarray, context: int, stride: int) -> TextSplit:
+    view = np.lib.stride_tricks.sliding_window_view(tokens, context + 1)[::stride]
+    return TextSplit(view[:, :-1], view[:, 1:], tokens)
+
+
+def _text(cfg: DataConfig) -> Dataset:
+    """Byte-level language-model windows: training windows start at every byte, evaluation
+    windows tile the evaluation bytes without overlap (each token predicted once)."""
+    context = int(cfg.context or 1)
+    if cfg.path is None:
+        files, what = stdlib_sources(), "the Python standard library's sources"
+        if not files:
+            raise UsageError("recipe key 'data.path': this Python has no standard library sources")
+    else:
+        files = _text_files(cfg.path, "data.path")
+        what = files[0].name if len(files) == 1 else f"{len(files)} files in {cfg.path}"
+    tokens = _read_tokens(files, "data.path")
+    if cfg.eval_path is not None:
+        train, evaluate = (
+            tokens,
+            _read_tokens(_text_files(cfg.eval_path, "data.eval_path"), "data.eval_path"),
+        )
+    else:
+        cut = int(len(tokens) * (1 - cfg.eval_fraction))
+        train, evaluate = tokens[:cut], tokens[cut:]
+    for key, part, name in (
+        ("data.path", train, "training"),
+        ("data.eval_path", evaluate, "evaluation"),
+    ):
+        if len(part) < context + 1:
+            key = key if cfg.eval_path is not None or name == "training" else "data.eval_fraction"
+            raise UsageError(
+                f"recipe key '{key}': the {name} text has {len(part)} bytes, fewer than one "
+                f"window of data.context + 1 = {context + 1}"
+            )
+    return Dataset(
+        _windows(train, context, 1),
+        _windows(evaluate, context, context),
+        BYTE_VOCAB,
+        f"text {what} ({len(train):,} train / {len(evaluate):,} eval bytes, byte tokens, "
+        f"windows of {context})",
     )
 
 

@@ -273,3 +273,38 @@ def _virtual_cpus(tf, count: int, where: str) -> None:
                 f"{where}: TensorFlow already started in this process with {have} CPU devices; "
                 f"{count} need a fresh process"
             ) from None
+
+
+# Dense bf16/fp16 peak FLOP/s of one device, by a name fragment, for the MFU (a fraction of
+# this); float32 runs reach a fraction of it even at best. Vendors' data sheets, without
+# sparsity. CPUs have no entry: their peak depends on cores, clock and vector units.
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L4": 121e12,
+    "A10G": 125e12,
+    "V100": 125e12,
+    "T4": 65e12,
+    "TPU v5p": 459e12,
+    "TPU v5 lite": 197e12,
+    "TPU v4": 275e12,
+}
+
+
+def peak_flops() -> float | None:
+    """The known peak of this process's first accelerator, or None (CPUs, unknown models)."""
+    import tensorflow as tf
+
+    for kind in ("GPU", "TPU"):
+        found = tf.config.list_physical_devices(kind)
+        if not found:
+            continue
+        try:
+            name = tf.config.experimental.get_device_details(found[0]).get("device_name", "")
+        except (ValueError, RuntimeError):
+            name = ""
+        for fragment, peak in PEAK_FLOPS.items():
+            if fragment in name:
+                return peak
+    return None

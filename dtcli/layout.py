@@ -88,12 +88,24 @@ def plan_weights(
             )
         for dim, (size, axis) in enumerate(zip(w.shape, spec)):
             if axis != UNSHARDED and size % axes[axis]:
+                why = ""
+                if _HEADS_DIM.search(w.path) and dim == _HEADS_DIM_INDEX[w.path.split(".")[-2]]:
+                    why = (
+                        f" (it is the attention heads: {size} heads cannot be split over "
+                        f"{axes[axis]} devices without splitting a head; use a '{axis}' axis "
+                        f"that divides model.transformer.heads, or more heads)"
+                    )
                 raise UsageError(
                     f"recipe key '{key}': dim {dim} of weight '{w.path}' has size {size}, "
-                    f"which does not divide by mesh axis '{axis}' of size {axes[axis]}"
+                    f"which does not divide by mesh axis '{axis}' of size {axes[axis]}{why}"
                 )
         plans.append(WeightPlan(w, rule, spec))
     return plans
+
+
+# dtcli.transformer's attention kernels: the dim that counts heads, by projection.
+_HEADS_DIM = re.compile(r"\.attention\.(query|key|value|proj)\.kernel$")
+_HEADS_DIM_INDEX = {"query": 1, "key": 1, "value": 1, "proj": 0}
 
 
 def idle_axes(axes: dict[str, int], plans: list[WeightPlan], data_axis: str) -> list[str]:

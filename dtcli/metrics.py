@@ -63,9 +63,10 @@ class MetricsWriter:
             },
         )
 
-    def step_loss(self, step: int, loss: float) -> None:
-        self._append(self.steps, {"step": step, "loss": loss})
-        self.scalars(step, {"step_loss": loss})
+    def step_loss(self, step: int, loss: float, **more: float) -> None:
+        """One step's loss, and what else the step reports (grad_norm, learning_rate)."""
+        self._append(self.steps, {"step": step, "loss": loss, **more})
+        self.scalars(step, {"step_loss": loss, **more})
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.tensorboard is None:

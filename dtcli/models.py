@@ -169,6 +169,10 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
                 "expected a tf_keras.Model"
             )
         return model
+    if cfg.transformer is not None:
+        from dtcli import transformer
+
+        return transformer.build(cfg.transformer, num_classes)
     layers = _keras_layers(cfg)
     try:
         return tf_keras.Sequential(
@@ -272,9 +276,19 @@ def _ensure_built(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
     return None
 
 
-def check_output(output: Any, num_classes: int) -> None:
-    """The model must give (batch, num_classes) logits for a batch of one example."""
+def check_output(output: Any, num_classes: int, input_shape: tuple[int, ...] = ()) -> None:
+    """The model must give (batch, num_classes) logits for a batch of one example; a language
+    model (`input_shape` (time,) of tokens) (batch, time, vocab) logits."""
     shape = getattr(output, "shape", None)
+    if input_shape and shape is not None:
+        dims = tuple(None if d is None else int(d) for d in shape)
+        want = (1, input_shape[0], num_classes)
+        if dims != want:
+            raise UsageError(
+                f"recipe key 'model': a language model must give (batch, time, vocab) = {want} "
+                f"logits for a batch of 1 window of {input_shape[0]} tokens, got {dims}"
+            )
+        return
     if shape is None:
         raise UsageError(
             f"recipe key 'model': the model returns a {type(output).__name__}, expected one "
@@ -298,7 +312,11 @@ def check_output(output: Any, num_classes: int) -> None:
 
 
 def describe_keras(
-    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int,
+    task: str = "classify",
 ) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
     """Build the model once on the host: its weights and (seeded) initial values.
 
@@ -314,7 +332,7 @@ def describe_keras(
         output = _ensure_built(model, input_shape, x)
         if output is None:
             output = _call_model(model, input_shape, x)
-    check_output(output, num_classes)
+    check_output(output, num_classes, input_shape if task == "language_model" else ())
     infos, values = [], {}
     for path, var, owner in _keras_variables(model):
         shape = tuple(var.shape)
@@ -367,7 +385,7 @@ def build_keras(
         trainable_variables=list(model.trainable_variables),
         weights=[p.weight for p in plans],
         variables={path: var for path, var, _ in variables},
-        needs_autograph=cfg.build is not None,
+        needs_autograph=cfg.build is not None,  # (the transformer is dtcli's: no branches)
     )
 
 
@@ -508,7 +526,9 @@ def weight_plans(
 ) -> tuple[list[WeightPlan], dict]:
     """Weights of the model and where each lives; Keras initial values come with them."""
     if recipe.model.api == "keras":
-        weights, initial = describe_keras(recipe.model, input_shape, num_classes, recipe.seed)
+        weights, initial = describe_keras(
+            recipe.model, input_shape, num_classes, recipe.seed, recipe.task
+        )
     else:
         weights, initial = describe_core(recipe.model, input_shape, num_classes), {}
     return plan_weights(recipe.layouts.rules, weights, axes), initial

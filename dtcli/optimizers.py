@@ -1,15 +1,45 @@
 """Optimizers on the mesh: tf-keras' mesh-aware ones for Keras models, DVariable slots for Core.
 
-Both expose `apply(grads, variables)` and an integer step variable (`iterations`) that lives on
-the mesh: the Adam bias correction reads it inside the compiled step, so it advances every call
-(a Python number there would be frozen at trace time, as in the seed tutorial).
+Both expose `apply(grads, variables, learning_rate)` and an integer step variable
+(`iterations`) that lives on the mesh: the Adam bias correction and the learning-rate schedule
+read it inside the compiled step, so they advance every call (a Python number there would be
+frozen at trace time, as in the seed tutorial).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from dtcli.recipe import OptimizerConfig
+
+
+def learning_rate_at(cfg: OptimizerConfig, step: Any, total_steps: int) -> Any:
+    """The learning rate of 0-based optimizer step `step` (a tensor), as nanoGPT schedules it:
+    a linear warmup over `warmup_steps` ((step + 1) / (warmup + 1) of the rate), then constant,
+    or a cosine from the rate down to `min_learning_rate` at `decay_steps` (default: the run's
+    `total_steps`) and that floor after."""
+    import tensorflow as tf
+
+    step = tf.cast(step, tf.float32)
+    peak = cfg.learning_rate
+    warmup = float(cfg.warmup_steps)
+    if cfg.schedule == "constant":
+        rate = tf.constant(peak, tf.float32) + 0.0 * step
+    else:
+        decay = float(max(cfg.decay_steps or total_steps, cfg.warmup_steps + 1))
+        ratio = tf.clip_by_value((step - warmup) / (decay - warmup), 0.0, 1.0)
+        low = cfg.min_learning_rate
+        rate = low + 0.5 * (1.0 + tf.cos(math.pi * ratio)) * (peak - low)
+    if cfg.warmup_steps:
+        rate = tf.where(step < warmup, peak * (step + 1.0) / (warmup + 1.0), rate)
+    return rate
+
+
+def decayed(cfg: OptimizerConfig, path: str) -> bool:
+    """Whether AdamW decays the weight at `path` (optimizer.no_decay names those it skips)."""
+    return cfg.name == "adamw" and not (cfg.no_decay and re.search(cfg.no_decay, path))
 
 
 class KerasOptimizer:
@@ -18,6 +48,7 @@ class KerasOptimizer:
     def __init__(self, cfg: OptimizerConfig, mesh: Any):
         from tf_keras.dtensor.experimental import optimizers
 
+        self.cfg = cfg
         if cfg.name == "sgd":
             self.impl = optimizers.SGD(
                 learning_rate=cfg.learning_rate, momentum=cfg.momentum, mesh=mesh
@@ -44,11 +75,16 @@ class KerasOptimizer:
     def iterations(self) -> Any:
         return self.impl.iterations
 
-    def build(self, variables: list) -> None:
-        """Create the slots now, so a checkpoint restore has them to fill."""
+    def build(self, variables: list, no_decay: list) -> None:
+        """Create the slots now, so a checkpoint restore has them to fill. `no_decay`: the
+        variables AdamW leaves undecayed."""
+        if no_decay and self.cfg.name == "adamw":
+            self.impl.exclude_from_weight_decay(var_list=no_decay)
         self.impl.build(variables)
 
-    def apply(self, grads: list, variables: list) -> None:
+    def apply(self, grads: list, variables: list, learning_rate: Any) -> None:
+        # The rate of this step (its schedule), read by the update and AdamW's decay alike.
+        self.impl.learning_rate = learning_rate
         self.impl.apply_gradients(zip(grads, variables))
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
@@ -80,12 +116,14 @@ class CoreOptimizer:
             trainable=False,
         )
         self.module.slots = {}
+        self.no_decay: set[int] = set()
 
     @property
     def iterations(self) -> Any:
         return self.module.iterations
 
-    def build(self, variables: list) -> None:
+    def build(self, variables: list, no_decay: list) -> None:
+        self.no_decay = {id(v) for v in no_decay}
         names = {
             "sgd": ["momentum"] if self.cfg.momentum else [],
             "adam": ["m", "v"],
@@ -109,13 +147,13 @@ class CoreOptimizer:
         """Core hyperparameters are this process's recipe values; a checkpoint holds none."""
         self.cfg = cfg
 
-    def apply(self, grads: list, variables: list) -> None:
+    def apply(self, grads: list, variables: list, learning_rate: Any) -> None:
         import tensorflow as tf
 
         cfg = self.cfg
         slots = self.module.slots
         step = tf.cast(self.module.iterations + 1, tf.float32)
-        lr = tf.constant(cfg.learning_rate, tf.float32)
+        lr = learning_rate
         for i, (g, var) in enumerate(zip(grads, variables)):
             if cfg.name == "sgd":
                 if cfg.momentum:
@@ -126,7 +164,7 @@ class CoreOptimizer:
                     var.assign_sub(lr * g)
                 continue
             m, v = slots[f"v{i}_m"], slots[f"v{i}_v"]
-            if cfg.name == "adamw":
+            if cfg.name == "adamw" and id(var) not in self.no_decay:
                 var.assign_sub(var * cfg.weight_decay * lr)
             alpha = lr * tf.sqrt(1.0 - tf.pow(cfg.beta_2, step)) / (1.0 - tf.pow(cfg.beta_1, step))
             m.assign_add((g - m) * (1.0 - cfg.beta_1))

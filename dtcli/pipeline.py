@@ -191,7 +191,7 @@ def _padded(x: np.ndarray, y: np.ndarray, width: int) -> Batch:
     if len(y) < width:
         pad = width - len(y)
         x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-        y = np.concatenate([y, np.zeros(pad, y.dtype)])
+        y = np.concatenate([y, np.zeros((pad, *y.shape[1:]), y.dtype)])
         mask[width - pad :] = 0.0
     return Batch(x, y, mask)
 

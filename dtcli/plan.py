@@ -37,6 +37,8 @@ class Report:
     batch_size: int
     input_shape: tuple[int, ...]
     num_classes: int
+    # dtcli's transformer (task language_model), or None: then the per-part table is shown.
+    transformer: Any = None
 
     @property
     def unused_rules(self) -> list[str]:
@@ -70,10 +72,57 @@ class Report:
             "global_shape": [self.batch_size, *self.input_shape],
             "per_device_shape": list(inputs),
             "input_bytes_per_device": math.prod(inputs) * FLOAT32,
-            "logits_per_device_shape": [per_device, self.num_classes],
+            "logits_per_device_shape": [per_device, *self.input_shape[:1], self.num_classes]
+            if self.transformer is not None
+            else [per_device, self.num_classes],
+        }
+
+    def parts(self) -> dict[str, int]:
+        """A transformer's parameter bytes on one device by part (embeddings, attention, MLP,
+        LayerNorms, head)."""
+        out = {"embeddings": 0, "attention": 0, "mlp": 0, "layer_norms": 0, "head": 0}
+        for p in self.plans:
+            path = p.weight.path
+            part = (
+                "embeddings"
+                if "_embedding." in path
+                else "attention"
+                if ".attention." in path
+                else "mlp"
+                if ".mlp." in path
+                else "layer_norms"
+                if ".ln_" in path or path.startswith("ln_f.")
+                else "head"
+            )
+            out[part] += p.bytes_per_device(self.axes, FLOAT32)
+        return out
+
+    def activations(self) -> dict[str, Any]:
+        """Training activation memory on one device, estimated for a transformer in float32:
+        per block 2 x s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes (Korthikanti et al. 2022, table 2,
+        doubled from 16-bit; s context, b the device's batch, h width, a heads, t the shards of
+        the heads), plus the logits and their gradient, b*s*vocab*4 bytes each."""
+        cfg = self.transformer
+        b = self.batch_size // mesh_lib.data_shards(self.axes, self.data_axis)
+        s, h, a = self.input_shape[0], cfg.d_model, cfg.heads
+        heads = next(
+            (p for p in self.plans if p.weight.path.endswith(".attention.query.kernel")), None
+        )
+        t = self.axes.get(heads.spec[1], 1) if heads and heads.spec[1] != UNSHARDED else 1
+        per_block = int(2 * s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
+        logits = 2 * b * s * self.num_classes * FLOAT32
+        return {
+            "per_block": per_block,
+            "blocks": cfg.layers * per_block,
+            "logits": logits,
+            "total": cfg.layers * per_block + logits,
+            "heads_per_device": a // t,
         }
 
     def to_json(self) -> dict[str, Any]:
+        lm = {}
+        if self.transformer is not None:
+            lm = {"parts_bytes_per_device": self.parts(), "activations_bytes": self.activations()}
         return {
             "recipe": self.name,
             "mesh": dict(self.axes),
@@ -96,6 +145,7 @@ class Report:
             "optimizer_slots_per_weight": self.slots,
             "totals_bytes": self.totals(),
             "batch": self.batch(),
+            **lm,
         }
 
 
@@ -122,6 +172,7 @@ def make_report(recipe: Recipe) -> Report:
         recipe.data.batch_size,
         input_shape,
         num_classes,
+        recipe.model.transformer if recipe.task == "language_model" else None,
     )
 
 
@@ -180,6 +231,21 @@ def render(report: Report, console: Any) -> None:
         ratio = row["per_device"] / row["replicated"] if row["replicated"] else 1.0
         summary.add_row(label, _size(row["per_device"]), _size(row["replicated"]), f"{ratio:.3f}")
     console.print(summary)
+    if report.transformer is not None:
+        parts = report.parts()
+        act = report.activations()
+        lm = Table(title="language model per device (float32)", title_justify="left")
+        for col in ("", "bytes"):
+            lm.add_column(col, justify="right" if col else "left")
+        for key, value in parts.items():
+            lm.add_row(f"parameters: {key.replace('_', ' ')}", _size(value))
+        lm.add_row(
+            f"activations, estimate ({report.transformer.layers} blocks, "
+            f"{act['heads_per_device']} heads per device)",
+            _size(act["blocks"]),
+        )
+        lm.add_row("logits and their gradient", _size(act["logits"]))
+        console.print(lm)
     b = report.batch()
     console.print(
         f"batch: global {_shape(b['global_shape'])} sharded along '{report.data_axis}' -> "

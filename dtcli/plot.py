@@ -15,13 +15,23 @@ FIGURES = {
     "loss": ("train_loss", "eval_loss"),
     "accuracy": ("train_accuracy", "eval_accuracy"),
     "examples_per_sec": ("examples_per_sec",),
+    "perplexity": ("eval_perplexity",),  # language models
+    "tokens_per_sec": ("tokens_per_sec",),
     "step_loss": ("loss",),  # from steps.jsonl, against the step
+    "learning_rate": ("learning_rate",),
+    "grad_norm": ("grad_norm",),
 }
+# Figures drawn from steps.jsonl (per logged step) rather than metrics.jsonl (per evaluation).
+STEP_METRICS = ("step_loss", "learning_rate", "grad_norm")
 TITLES = {
     "loss": "Cross-entropy loss",
     "accuracy": "Accuracy",
     "examples_per_sec": "Training throughput (examples/s)",
+    "perplexity": "Evaluation perplexity",
+    "tokens_per_sec": "Training throughput (tokens/s)",
     "step_loss": "Training loss per step",
+    "learning_rate": "Learning rate per step",
+    "grad_norm": "Gradient global norm per step",
 }
 
 
@@ -73,7 +83,15 @@ def plot_runs(
     runs = load_runs(run_dirs, warn)  # first: a wrong RUN_DIR also makes its default --out wrong
     rundir.check_output_folder(out_dir, "--out", refuse_held=False)
     steps = load_steps(run_dirs, list(runs), warn)
-    wanted = metrics or ["loss", "accuracy"] + (["step_loss"] if steps else [])
+    # A language model (train.steps runs) is drawn against the step, and has more to show.
+    language = any("eval_perplexity" in r for records in runs.values() for r in records)
+    if metrics:
+        wanted = metrics
+    elif language:
+        wanted = ["loss", "accuracy", "perplexity"]
+        wanted += ["step_loss", "learning_rate", "grad_norm"] if steps else []
+    else:
+        wanted = ["loss", "accuracy"] + (["step_loss"] if steps else [])
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -84,8 +102,9 @@ def plot_runs(
     several = len(runs) > 1
     for metric in wanted:
         fig, ax = plt.subplots(figsize=(8, 5))
-        x_key = "step" if metric == "step_loss" else "epoch"
-        series = steps if metric == "step_loss" else runs
+        by_step = metric in STEP_METRICS
+        x_key = "step" if by_step or language else "epoch"
+        series = steps if by_step else runs
         if not series:
             plt.close(fig)
             raise UsageError(f"--metric {metric}: no run here recorded it ({rundir.STEPS})")
@@ -111,7 +130,8 @@ def plot_runs(
         ax.set_xlabel(x_key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole
         ax.set_ylabel(metric.replace("_", " "))
-        title = TITLES[metric] + (" vs training epochs" if metric in ("loss", "accuracy") else "")
+        versus = " vs training steps" if language else " vs training epochs"
+        title = TITLES[metric] + (versus if metric in ("loss", "accuracy") else "")
         if not several:
             title += f": {next(iter(runs))}"
         ax.set_title(title)

@@ -26,20 +26,31 @@ from dtcli.errors import UsageError
 UNSHARDED = "unsharded"
 # Sources read through tf.data, never held whole in memory.
 STREAMED_SOURCES = ("tfds", "tfrecord", "images")
+# data.source text: byte-level tokens, one per byte.
+BYTE_VOCAB = 256
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where examples come from and how they are batched."""
 
-    source: Literal["embedded", "tfds", "idx", "synthetic", "tfrecord", "images"] = "embedded"
+    source: Literal["embedded", "tfds", "idx", "synthetic", "tfrecord", "images", "text"] = (
+        "embedded"
+    )
     # embedded: the data set's name ("digits"); tfds: the TFDS name ("mnist").
     name: str = "digits"
     # idx: a folder holding MNIST-format IDX files (train-* and/or t10k-*); tfrecord: a glob of
     # training files; images: a folder with one subfolder of images per class.
     path: str | None = None
-    # tfrecord: a glob of evaluation files; images: a folder of the same class subfolders.
+    # text: a file, a folder (every file in it, sorted, concatenated) or a glob; null: the Python
+    # standard library's own source files (a corpus every installation carries).
+    # tfrecord: a glob of evaluation files; images: a folder of the same class subfolders;
+    # text: files to evaluate on (default: the last data.eval_fraction of data.path's bytes).
     eval_path: str | None = None
+    # text: the tokens the model sees per window (default: model.transformer.context); each
+    # training window starts at any byte (stride 1), evaluation windows do not overlap.
+    context: int | None = None
+    eval_fraction: float = 0.1
     # tfrecord: the tf.train.Example features holding the image (bytes) and the class (int64);
     # the image is raw bytes of data.shape in data.dtype, or an encoded PNG/JPEG/GIF/BMP.
     image_key: str = "image"
@@ -85,8 +96,24 @@ class LayoutConfig:
 
 
 @dataclass(frozen=True)
+class TransformerConfig:
+    """dtcli's decoder-only GPT (dtcli.transformer): its weight paths are documented there."""
+
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    mlp_ratio: int = 4
+    context: int = 64
+    dropout: float = 0.0
+    # The output head is the token embedding's transpose (no weights of its own).
+    tie_embeddings: bool = True
+    # Biases in the Dense layers and LayerNorms (nanoGPT's default: none).
+    bias: bool = False
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """The model: a tf-keras layer list or build function, or a Core-API MLP."""
+    """The model: a tf-keras layer list, build function or transformer, or a Core-API MLP."""
 
     api: Literal["keras", "core"] = "keras"
     # keras: a list of layers, each `ClassName` or `{ClassName: {arg: value}}`.
@@ -98,6 +125,8 @@ class ModelConfig:
     # at load so that the resolved recipe in a run directory still finds it).
     build_path: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
+    # keras: dtcli's GPT for task language_model.
+    transformer: TransformerConfig | None = None
     # core: hidden layer widths and activation; the output layer has one unit per class.
     hidden: list[int] = field(default_factory=lambda: [128])
     activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"
@@ -112,6 +141,17 @@ class OptimizerConfig:
     beta_2: float = 0.999
     epsilon: float = 1e-7
     weight_decay: float = 0.004
+    # adamw: weights whose path this regex finds (re.search) are not decayed, e.g. biases and
+    # LayerNorm: '(bias|gamma|beta)$'.
+    no_decay: str | None = None
+    # The learning rate per step: constant, or cosine (linear warmup over warmup_steps, then a
+    # cosine decay to min_learning_rate at decay_steps, default the run's last step).
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    decay_steps: int | None = None
+    min_learning_rate: float = 0.0
+    # Clip the gradients to this global norm (null: no clipping).
+    clip_norm: float | None = None
 
 
 # The default K of train.steps_per_call, chosen by measurement (bench/throughput.py: on 1 device
@@ -133,12 +173,19 @@ class TrainConfig:
     # the step results back once per call. Progress, Ctrl-C and mid-epoch saves happen between
     # calls. A loss that is not finite stops the updates inside the call.
     steps_per_call: int = STEPS_PER_CALL
+    # Train this many optimizer steps in all instead of whole epochs, evaluating and
+    # checkpointing every eval_every steps (default: once, at the end). Each stretch of
+    # eval_every steps reads the start of a new permutation of the training data.
+    steps: int | None = None
+    eval_every: int | None = None
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str = "run"
     seed: int = 0
+    # classify: one class per example; language_model: the next token at every position.
+    task: Literal["classify", "language_model"] = "classify"
     # cpu, cpu:N (N virtual CPUs), gpu, gpu:N, tpu, or auto.
     devices: str = "auto"
     # Ordered named mesh axes; one size may be -1 (the remaining devices).
@@ -212,6 +259,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+            return _build(inner[0], value, path)  # its own errors name the key inside it
         if len(inner) == 1:
             try:
                 return _coerce(inner[0], value, path)
@@ -349,6 +398,7 @@ def _check(recipe: Recipe) -> Recipe:
             raise UsageError(f"recipe key '{key}': a mesh axis may shard only one dim, got {dims}")
     _check_devices_mesh(recipe)
     _check_model(recipe.model)
+    _check_task(recipe)
     _check_data(recipe.data)
     _check_train(recipe.train)
     _check_optimizer(recipe.optimizer)
@@ -377,10 +427,14 @@ def _check_devices_mesh(recipe: Recipe) -> None:
 
 def _check_model(m: ModelConfig) -> None:
     if m.api == "keras":
-        if (m.layers is None) == (m.build is None):
+        given = [k for k in ("layers", "build", "transformer") if getattr(m, k) is not None]
+        if len(given) != 1:
             raise UsageError(
-                "recipe key 'model': api keras needs exactly one of 'layers' or 'build'"
+                "recipe key 'model': api keras needs exactly one of 'layers', 'build' or "
+                f"'transformer', got {given or 'none'}"
             )
+        if m.transformer is not None:
+            _check_transformer(m.transformer)
         if m.layers is not None and not m.layers:
             raise UsageError("recipe key 'model.layers': expected at least one layer, got []")
         if m.build is not None and not re.fullmatch(r"[\w.]+:\w+", m.build):
@@ -388,14 +442,68 @@ def _check_model(m: ModelConfig) -> None:
                 f"recipe key 'model.build': expected 'package.module:function', got {m.build!r}"
             )
     else:
-        if m.layers is not None or m.build is not None:
+        if m.layers is not None or m.build is not None or m.transformer is not None:
             raise UsageError(
                 "recipe key 'model': api core takes 'hidden' and 'activation', "
-                "not 'layers' or 'build'"
+                "not 'layers', 'build' or 'transformer'"
             )
         # An empty list is allowed: a linear model.
         if not all(h > 0 for h in m.hidden):
             raise UsageError(f"recipe key 'model.hidden': expected positive widths, got {m.hidden}")
+
+
+def _check_transformer(t: TransformerConfig) -> None:
+    for key in ("layers", "d_model", "heads", "mlp_ratio", "context"):
+        if getattr(t, key) < 1:
+            raise UsageError(
+                f"recipe key 'model.transformer.{key}': expected an integer >= 1, "
+                f"got {getattr(t, key)}"
+            )
+    if t.d_model % t.heads:
+        raise UsageError(
+            f"recipe key 'model.transformer.heads': d_model {t.d_model} does not divide into "
+            f"{t.heads} heads (expected a divisor of d_model)"
+        )
+    if not 0 <= t.dropout < 1:
+        raise UsageError(
+            f"recipe key 'model.transformer.dropout': expected a number in [0, 1), got {t.dropout}"
+        )
+
+
+def _check_task(recipe: Recipe) -> None:
+    """A language model needs token windows and a model that predicts every position."""
+    d, m = recipe.data, recipe.model
+    if recipe.task == "language_model":
+        if d.source != "text":
+            raise UsageError(
+                f"recipe key 'data.source': task language_model reads text, got {d.source!r} "
+                "(set data.source: text)"
+            )
+        if m.api != "keras" or m.layers is not None:
+            raise UsageError(
+                "recipe key 'model': task language_model needs model.transformer or a "
+                "model.build language model (api keras)"
+            )
+        if d.context is None:
+            raise UsageError(
+                "recipe key 'data.context': a model.build language model needs the window "
+                "length (tokens per example)"
+            )
+        t = m.transformer
+        if t is not None and d.context > t.context:
+            raise UsageError(
+                f"recipe key 'data.context': windows of {d.context} tokens are longer than "
+                f"model.transformer.context {t.context}"
+            )
+        return
+    if d.source == "text":
+        raise UsageError(
+            "recipe key 'task': data.source text trains a language model; set task: language_model"
+        )
+    if m.transformer is not None:
+        raise UsageError(
+            "recipe key 'task': model.transformer is a language model; set task: language_model"
+        )
 
 
 def _physical_memory() -> int | None:
@@ -450,6 +558,17 @@ def _check_data(d: DataConfig) -> None:
         for key in ("path", "eval_path"):
             if not getattr(d, key):
                 raise UsageError(f"recipe key 'data.{key}': source {d.source} needs {what}")
+    if d.context is not None and d.context < 1:
+        raise UsageError(f"recipe key 'data.context': expected an integer >= 1, got {d.context}")
+    if not 0 < d.eval_fraction < 1:
+        raise UsageError(
+            f"recipe key 'data.eval_fraction': expected a number in (0, 1), got {d.eval_fraction}"
+        )
+    if d.placement == "device" and d.source == "text":
+        raise UsageError(
+            "recipe key 'data.placement': source text gathers its windows on the host (a few "
+            "bytes a step); use auto or host"
+        )
     if d.placement == "device" and d.source in STREAMED_SOURCES:
         raise UsageError(
             f"recipe key 'data.placement': device needs an in-memory source (embedded, idx, "
@@ -496,6 +615,8 @@ def _check_data(d: DataConfig) -> None:
             )
     elif d.source in ("tfrecord", "images"):
         example = math.prod(d.shape)
+    elif d.source == "text":
+        example = d.context or 1
     else:
         example = 64 if d.source == "embedded" else 28 * 28
     for key in ("batch_size", "eval_batch_size"):
@@ -521,6 +642,17 @@ def _check_train(t: TrainConfig) -> None:
             "recipe key 'train.steps_per_call': expected an integer from 1 to 1000, "
             f"got {t.steps_per_call}"
         )
+    for key in ("steps", "eval_every"):
+        value = getattr(t, key)
+        if value is not None and value < 1:
+            raise UsageError(
+                f"recipe key 'train.{key}': expected an integer >= 1 or null, got {value}"
+            )
+    if t.eval_every is not None and t.steps is None:
+        raise UsageError(
+            "recipe key 'train.eval_every': counts steps of a train.steps run; set train.steps "
+            "too (an epochs run evaluates after each epoch)"
+        )
     for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
         value = getattr(t, key)
         if value < low:
@@ -537,11 +669,38 @@ def _check_optimizer(o: OptimizerConfig) -> None:
         ("momentum", 0 <= o.momentum <= 1, "a number in [0, 1]"),
         ("weight_decay", o.weight_decay >= 0, "a number >= 0"),
     )
+    rules += (
+        ("warmup_steps", o.warmup_steps >= 0, "an integer >= 0"),
+        ("decay_steps", o.decay_steps is None or o.decay_steps >= 1, "an integer >= 1 or null"),
+        (
+            "min_learning_rate",
+            0 <= o.min_learning_rate <= o.learning_rate,
+            f"a number from 0 to optimizer.learning_rate ({o.learning_rate})",
+        ),
+        ("clip_norm", o.clip_norm is None or o.clip_norm > 0, "a positive number or null"),
+    )
     for key, ok, expected in rules:
         if not ok:
             raise UsageError(
                 f"recipe key 'optimizer.{key}': expected {expected}, got {getattr(o, key)!r}"
             )
+    if o.schedule == "cosine" and o.decay_steps is not None and o.warmup_steps >= o.decay_steps:
+        raise UsageError(
+            f"recipe key 'optimizer.warmup_steps': {o.warmup_steps} is not below "
+            f"optimizer.decay_steps {o.decay_steps} (the decay follows the warmup)"
+        )
+    if o.no_decay is not None:
+        if o.name != "adamw":
+            raise UsageError(
+                f"recipe key 'optimizer.no_decay': only adamw decays weights, got optimizer "
+                f"{o.name!r}"
+            )
+        try:
+            re.compile(o.no_decay)
+        except re.error as exc:
+            raise UsageError(
+                f"recipe key 'optimizer.no_decay': not a valid regex ({exc})"
+            ) from None
 
 
 def _mesh_text(mesh: dict[str, int]) -> str:
@@ -686,7 +845,23 @@ def apply_set(raw: dict, assignment: str) -> None:
 
 def from_mapping(raw: dict | None) -> Recipe:
     """Validate a raw mapping into a Recipe (raises UsageError naming the key at fault)."""
-    return _check(_build(Recipe, raw, ""))
+    return _check(_resolve(_build(Recipe, raw, "")))
+
+
+def _resolve(recipe: Recipe) -> Recipe:
+    """Fill in values other keys imply (the resolved recipe in a run directory records them)."""
+    d, t, m = recipe.data, recipe.train, recipe.model
+    if d.source == "text" and d.context is None and m.transformer is not None:
+        d = dataclasses.replace(d, context=m.transformer.context)
+    if t.steps is not None and t.steps >= 1:
+        # train.steps replaces epochs: the run is stretches of eval_every steps, each a
+        # (possibly partial) epoch of its own permutation.
+        every = min(t.eval_every or t.steps, t.steps)
+        if every >= 1:
+            t = dataclasses.replace(
+                t, eval_every=every, epochs=-(-t.steps // every), steps_per_epoch=every
+            )
+    return dataclasses.replace(recipe, data=d, train=t)
 
 
 def read_raw(path: str | Path) -> dict:
@@ -749,6 +924,10 @@ def load(
         raw.setdefault("train", {})
         if not isinstance(raw["train"], dict):
             raise UsageError("recipe key 'train': expected a mapping")
+        if raw["train"].get("steps") is not None:
+            raise UsageError(
+                "--epochs: this recipe counts train.steps (the total); use --set train.steps=N"
+            )
         raw["train"]["epochs"] = epochs
     return from_mapping(raw)
 

@@ -22,6 +22,7 @@ from dtcli import mesh as mesh_lib
 from dtcli import models, optimizers
 from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
+from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
 
 
@@ -62,6 +63,7 @@ def prepare(
 ) -> Session:
     """Configure devices, then load data and build the model and optimizer on the mesh.
 
+    `splits` (): no data is read, only its shape (for generation).
     `use_devices`: build the mesh over only the first N of the configured devices (so that one
     process can compare a 1-device mesh with a multi-device one, as `dtcli doctor` does).
     With a `cluster` this process is one client of a multi-client run: it configures only its
@@ -76,7 +78,7 @@ def prepare(
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
     if recipe.data.eval_batch_size:
         mesh_lib.check_batch(axes, data_axis, recipe.data.eval_batch_size, "data.eval_batch_size")
-    dataset = data_lib.load(recipe.data, splits)
+    dataset = data_lib.load(recipe.data, splits) if splits else data_lib.no_data(recipe.data)
     if "train" in splits:
         data_lib.check_batch_fits(recipe.data, dataset)
     plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
@@ -98,11 +100,28 @@ def prepare(
             recipe.model, dataset.input_shape, dataset.num_classes, mesh, plans, recipe.seed
         )
     optimizer = optimizers.make(recipe.model.api, recipe.optimizer, mesh)
-    optimizer.build(built.trainable_variables)
+    trainable = {id(v) for v in built.trainable_variables}
+    no_decay = [
+        var
+        for path, var in built.variables.items()
+        if id(var) in trainable and not optimizers.decayed(recipe.optimizer, path)
+    ]
+    optimizer.build(built.trainable_variables, no_decay)
     resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
     packer = pipeline_lib.Packer(mesh, data_axis)
     cfg = recipe.data
     eval_batch = cfg.eval_batch_size or cfg.batch_size
+    steps = recipe.train.steps_per_epoch
+    if (
+        "train" in splits
+        and recipe.train.steps
+        and steps > pipeline_lib.steps_per_epoch(len(dataset.train), cfg.batch_size)
+    ):
+        raise UsageError(
+            f"recipe key 'train.eval_every': {steps} steps is more than one pass over the "
+            f"training data ({len(dataset.train)} examples in batches of {cfg.batch_size}); "
+            "use at most that many"
+        )
     placed = None
     if "train" in splits and place_on_device(cfg, dataset.train, devices.local_count):
         placed = packer.place(dataset.train.x), packer.place(dataset.train.y)
@@ -139,12 +158,18 @@ def place_on_device(cfg: recipe_lib.DataConfig, split: Any, local_devices: int) 
     """Whether the training split lives on the devices (see data.placement)."""
     if cfg.placement == "host" or not isinstance(split, data_lib.Split):
         return False
+    if isinstance(split, data_lib.TextSplit):
+        return False  # windows are views of the tokens; a batch copies a few bytes
     if cfg.placement == "device":
         return True
     return (split.x.nbytes + split.y.nbytes) * local_devices <= ON_DEVICE_BYTES
 
 
 # --------------------------------------------------------------------------- steps
+
+
+# What the train call returns for each step, read back once per call.
+PER_STEP = ("loss", "correct", "count", "grad_norm", "learning_rate")
 
 
 def make_steps(session: Session) -> tuple[Any, Any]:
@@ -167,7 +192,13 @@ def make_steps(session: Session) -> tuple[Any, Any]:
     placed = session.placed
     variables = model.trainable_variables
 
+    language_model = session.recipe.task == "language_model"
+
     def sums(logits: Any, y: Any, mask: Any) -> dict[str, Any]:
+        """Sums over the real examples of the batch (a language model: over their tokens)."""
+        y = tf.cast(y, tf.int32)
+        if language_model:  # logits [batch, time, vocab], y [batch, time], mask [batch]
+            mask = mask[:, None] * tf.ones_like(y, tf.float32)
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
         hit = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), y), tf.float32)
         return {
@@ -175,6 +206,9 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             "correct": tf.reduce_sum(hit * mask),
             "count": tf.reduce_sum(mask),
         }
+
+    cfg = session.recipe.optimizer
+    total_steps = session.recipe.train.steps or session.recipe.train.epochs * epoch_steps(session)
 
     def one_step(x: Any, y: Any, mask: Any, apply: Any) -> dict[str, Any]:
         with tf.GradientTape() as tape:
@@ -184,6 +218,12 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             if model.regularization is not None:
                 loss += model.regularization()
         grads = tape.gradient(loss, variables)
+        # Embedding lookups give IndexedSlices; DTensor cannot lay out their scatter update.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        norm = tf.linalg.global_norm(grads)
+        if cfg.clip_norm is not None:
+            grads, _ = tf.clip_by_global_norm(grads, cfg.clip_norm, use_norm=norm)
+        rate = optimizers.learning_rate_at(cfg, optimizer.iterations, total_steps)
         finite = tf.math.is_finite(loss)
 
         def update() -> Any:
@@ -191,7 +231,7 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             # with DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
             # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it on.
             with tf.control_dependencies(grads):
-                optimizer.apply(grads, variables)
+                optimizer.apply(grads, variables, rate)
             return tf.constant(True)
 
         applied = tf.cond(
@@ -202,6 +242,8 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         out["loss"] = loss
         out["finite"] = finite
         out["applied"] = applied
+        out["grad_norm"] = norm
+        out["learning_rate"] = rate
         return out
 
     def pick(block: Any, i: Any) -> Any:
@@ -230,7 +272,7 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         split placed on the devices; `masks` [K, batch]; `real`: the steps to run."""
         steps = masks.shape[0]
 
-        def body(i: Any, healthy: Any, applied: Any, losses: Any, correct: Any, count: Any):
+        def body(i: Any, healthy: Any, applied: Any, vectors: tuple) -> tuple:
             out = one_step(*batch_at(inputs, masks, i), healthy)
             # TensorArrays do not expand under DTensor; one-hot sums do.
             at = tf.one_hot(i, steps)
@@ -238,21 +280,23 @@ def make_steps(session: Session) -> tuple[Any, Any]:
                 i + 1,
                 tf.logical_and(healthy, out["finite"]),
                 applied + tf.cast(out["applied"], tf.int32),
-                losses + at * out["loss"],
-                correct + at * out["correct"],
-                count + at * out["count"],
+                tuple(v + at * out[name] for v, name in zip(vectors, PER_STEP)),
             )
 
-        zeros = tf.zeros([steps])
         # One traced step whatever K is (a Python loop would compile K). Only the `real` steps
         # of the block run: the padding of a short last block costs nothing (measured:
         # computing it made K=16 0.88x of K=4 on 39-step epochs).
-        _, _, applied, losses, correct, count = tf.while_loop(
+        _, _, applied, vectors = tf.while_loop(
             lambda i, *_: i < real,
             body,
-            (tf.constant(0), tf.constant(True), tf.constant(0), zeros, zeros, zeros),
+            (
+                tf.constant(0),
+                tf.constant(True),
+                tf.constant(0),
+                tuple(tf.zeros([steps]) for _ in PER_STEP),
+            ),
         )
-        return {"loss": losses, "correct": correct, "count": count, "applied": applied}
+        return {"applied": applied, **dict(zip(PER_STEP, vectors))}
 
     def eval_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
         return sums(model.forward(x, training=False), y, mask)
@@ -283,9 +327,7 @@ def train_block(session: Session, train_call: Any, batches: list) -> dict:
     *inputs, masks = session.packer.pack_block(batches)
     out = train_call(tuple(inputs), masks, session.packer.scalar(real))
     return {
-        "loss": out["loss"].numpy()[:real],
-        "correct": out["correct"].numpy()[:real],
-        "count": out["count"].numpy()[:real],
+        **{name: out[name].numpy()[:real] for name in PER_STEP},
         "applied": int(out["applied"].numpy()),
     }
 
@@ -301,11 +343,28 @@ def evaluate(
         ce += float(out["ce_sum"])
         correct += float(out["correct"])
         count += float(out["count"])
-    return {
-        "loss": ce / max(count, 1.0),
-        "accuracy": correct / max(count, 1.0),
-        "examples": int(count),
-    }
+    loss = ce / max(count, 1.0)
+    if session.recipe.task == "language_model":  # counts are tokens
+        import math
+
+        return {
+            "loss": loss,
+            "accuracy": correct / max(count, 1.0),
+            "perplexity": math.exp(min(loss, 700.0)),
+            "tokens": int(count),
+        }
+    return {"loss": loss, "accuracy": correct / max(count, 1.0), "examples": int(count)}
+
+
+def flops_per_token(session: Session) -> float | None:
+    """Training FLOPs per token of dtcli's transformer (None for other models)."""
+    from dtcli import transformer
+
+    cfg = session.recipe.model.transformer
+    if cfg is None:
+        return None
+    context = session.data.input_shape[0]
+    return transformer.flops_per_token(cfg, session.data.num_classes, context)
 
 
 def pack_all(session: Session, feed: pipeline_lib.Feed) -> list | None:
@@ -345,10 +404,15 @@ class EpochState:
     compile_seconds: float = 0.0
 
 
-def epoch_steps(session: Session) -> int:
+def epoch_steps(session: Session, epoch: int = 0) -> int:
+    """Steps of epoch `epoch`: a pass over the data, or train.steps_per_epoch; a train.steps
+    run's last stretch may be shorter."""
+    t = session.recipe.train
     steps = session.train_feed.steps
-    limit = session.recipe.train.steps_per_epoch
-    return min(steps, limit) if limit else steps
+    steps = min(steps, t.steps_per_epoch) if t.steps_per_epoch else steps
+    if t.steps is not None:
+        steps = min(steps, t.steps - epoch * steps)
+    return steps
 
 
 def run_epoch(
@@ -365,7 +429,7 @@ def run_epoch(
 
     `trained()` is called once after each call that applied a step, before anything of it is
     written. A non-finite loss raises NonFiniteLoss with the optimizer step it happened at."""
-    steps = epoch_steps(session)
+    steps = epoch_steps(session, state.epoch)
     k = steps_per_call(session)
     log_every = session.recipe.train.log_every
     started = time.perf_counter() - state.seconds
@@ -377,7 +441,8 @@ def run_epoch(
         if not session.compiled:
             session.compiled = True
             state.compile_seconds = time.perf_counter() - called
-        first = state.epoch * steps + state.batch + 1  # the optimizer's step of block[0]
+        # The optimizer's step of block[0] (every epoch before this one was whole).
+        first = state.epoch * epoch_steps(session) + state.batch + 1
         good = out["applied"]
         if good and trained is not None:
             trained()
@@ -388,7 +453,12 @@ def run_epoch(
             state.correct += float(out["correct"][j])
             state.count += n
             if writer is not None and (first + j) % log_every == 0:
-                writer.step_loss(first + j, float(out["loss"][j]))
+                writer.step_loss(
+                    first + j,
+                    float(out["loss"][j]),
+                    grad_norm=float(out["grad_norm"][j]),
+                    learning_rate=float(out["learning_rate"][j]),
+                )
         if good < len(block):
             raise NonFiniteLoss(float(out["loss"][good]), first + good)
         state.seconds = time.perf_counter() - started

@@ -36,6 +36,7 @@ from dtcli.session import (
     Session,
     epoch_steps,
     evaluate,
+    flops_per_token,
     make_steps,
     pack_all,
     prepare,
@@ -343,7 +344,7 @@ class _NoWriter:
     def epoch(self, record: dict[str, Any]) -> None:
         pass
 
-    def step_loss(self, step: int, loss: float) -> None:
+    def step_loss(self, step: int, loss: float, **more: float) -> None:
         pass
 
     def close(self) -> None:
@@ -430,8 +431,8 @@ def _loop(
     on_first_step: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     cfg = session.recipe.train
-    bar = _Bar(console, enabled=progress)
-    steps = epoch_steps(session)
+    lm = session.recipe.task == "language_model"
+    bar = _Bar(console, enabled=progress, unit="tok/s" if lm else "ex/s")
     state = start
     trained = 0
 
@@ -458,6 +459,7 @@ def _loop(
         if stop is not None and stop():
             interrupt(state)
         epoch = state.epoch
+        steps = epoch_steps(session, epoch)
         bar.start(epoch + 1, cfg.epochs, steps, done=state.batch)
         try:
             state = run_epoch(session, train_step, state, bar, writer, stop, count_step)
@@ -481,29 +483,63 @@ def _loop(
             "train_accuracy": state.correct / state.count,
             "eval_loss": ev["loss"],
             "eval_accuracy": ev["accuracy"],
-            "examples_per_sec": state.count / state.seconds,
+            **_throughput(session, state),
             "seconds": state.seconds,
-            "train_examples": int(state.count),
-            "eval_examples": ev["examples"],
         }
+        if lm:
+            record["eval_perplexity"] = ev["perplexity"]
+            record["train_tokens"] = int(state.count)
+            record["eval_tokens"] = ev["tokens"]
+        else:
+            record["train_examples"] = int(state.count)
+            record["eval_examples"] = ev["examples"]
         compiling = ""
         if state.compile_seconds:
-            # examples_per_sec stays the loop's honest rate; this says why it is low here.
+            # The rate stays the loop's honest rate; this says why it is low here.
             record["compile_seconds"] = state.compile_seconds
             compiling = f" (incl. {state.compile_seconds:.1f} s compiling the step)"
         history.append(record)
         writer.epoch(record)
-        console.print(
-            f"epoch {epoch + 1}/{cfg.epochs} loss {record['train_loss']:.4f} "
-            f"acc {record['train_accuracy']:.4f} | eval loss {ev['loss']:.4f} "
-            f"acc {ev['accuracy']:.4f} | {record['examples_per_sec']:,.0f} ex/s{compiling}",
-            highlight=False,
-        )
+        if lm:
+            where = f"step {step}/{cfg.steps}" if cfg.steps else f"epoch {epoch + 1}/{cfg.epochs}"
+            flops = record.get("flops_per_sec_per_device")
+            mfu = f", MFU {record['mfu']:.1%}" if "mfu" in record else ""
+            per_device = f", {flops / 1e9:,.1f} GFLOP/s per device{mfu}" if flops else ""
+            console.print(
+                f"{where} loss {record['train_loss']:.4f} | eval loss {ev['loss']:.4f} "
+                f"ppl {ev['perplexity']:.2f} acc {ev['accuracy']:.4f} | "
+                f"{record['tokens_per_sec']:,.0f} tok/s{per_device}{compiling}",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"epoch {epoch + 1}/{cfg.epochs} loss {record['train_loss']:.4f} "
+                f"acc {record['train_accuracy']:.4f} | eval loss {ev['loss']:.4f} "
+                f"acc {ev['accuracy']:.4f} | {record['examples_per_sec']:,.0f} ex/s{compiling}",
+                highlight=False,
+            )
         state = EpochState(epoch + 1)
         last_epoch = state.epoch == cfg.epochs
         if last_epoch or (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0):
             checkpointer.save(step, _meta(session, step, state))
     return history
+
+
+def _throughput(session: Session, state: EpochState) -> dict[str, float]:
+    """Examples/s (a language model: tokens/s), and for a transformer its model FLOP/s per
+    device and, where the device's peak is known, the MFU."""
+    rate = state.count / state.seconds
+    if session.recipe.task != "language_model":
+        return {"examples_per_sec": rate}
+    out = {"tokens_per_sec": rate}
+    per_token = flops_per_token(session)
+    if per_token:
+        achieved = per_token * rate / session.devices.count
+        out["flops_per_sec_per_device"] = achieved
+        peak = devices_lib.peak_flops()
+        if peak:
+            out["mfu"] = achieved / peak
+    return out
 
 
 def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
@@ -532,8 +568,9 @@ PROGRESS_EVENT = "\x1edtcli-progress "
 class _Bar:
     """A rich progress bar for one epoch: loss, accuracy and examples/s as it goes."""
 
-    def __init__(self, console: Any, enabled: bool):
+    def __init__(self, console: Any, enabled: bool, unit: str = "ex/s"):
         self.console = console
+        self.unit = unit
         # A live bar only on a terminal: piped to a file it would leave a blank line per epoch.
         self.enabled = enabled and console.is_terminal
         self.progress = None
@@ -564,7 +601,7 @@ class _Bar:
         self.task = self.progress.add_task("train", total=steps, completed=done, stats="")
 
     def update(self, done: int, loss: float, acc: float, rate: float) -> None:
-        stats = f"loss {loss:.4f} acc {acc:.4f} {rate:,.0f} ex/s"
+        stats = f"loss {loss:.4f} acc {acc:.4f} {rate:,.0f} {self.unit}"
         if self.events:
             now = time.monotonic()
             if now - self._last >= 0.1:  # a few lines a second are plenty for a bar
@@ -618,8 +655,16 @@ def _summary(console: Any, history: list[dict[str, Any]], first_epoch: int) -> N
     """One closing line with what the epoch lines did not say (they said the rest)."""
     if not history:
         return
-    best = max(history, key=lambda r: r["eval_accuracy"])
     seconds = sum(r["seconds"] for r in history[first_epoch:])
+    if "eval_perplexity" in history[-1]:
+        last = history[-1]
+        console.print(
+            f"done: {last['step']} steps ({seconds:.1f} s training in this process); eval loss "
+            f"{last['eval_loss']:.4f} (perplexity {last['eval_perplexity']:.2f})",
+            highlight=False,
+        )
+        return
+    best = max(history, key=lambda r: r["eval_accuracy"])
     console.print(
         f"done: {history[-1]['epoch']} epochs, {history[-1]['step']} steps "
         f"({seconds:.1f} s training in this process); best eval acc {best['eval_accuracy']:.4f} "

@@ -1,0 +1,105 @@
+"""`dtcli generate`: text sampled from a language-model checkpoint, on any mesh.
+
+The model is built on the target mesh and the checkpoint restored into it (as `eval` does),
+without reading the training text: byte tokens, windows of the recipe's context. Each new token
+comes from one compiled forward pass over the last `context` tokens (a shorter prompt is padded
+on the right: a causal model's logits at the last real position do not see the padding), the
+input replicated on the mesh. Greedy decoding (temperature 0) takes the most likely byte;
+sampling draws from a host RNG seeded with --seed, so a seed gives the same text every time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import evaluate as evaluate_lib
+from dtcli.errors import UsageError
+
+
+def check_options(tokens: int, temperature: float, top_k: int | None, prompt: str) -> None:
+    if tokens < 1:
+        raise UsageError(f"--tokens {tokens}: expected a positive integer")
+    if not (temperature >= 0 and np.isfinite(temperature)):
+        raise UsageError(f"--temperature {temperature}: expected a number >= 0 (0: greedy)")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"--top-k {top_k}: expected a positive integer")
+    if not prompt:
+        raise UsageError("--prompt: expected at least one character")
+
+
+def generate(
+    path: Path,
+    prompt: str,
+    tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    mesh: str | None = None,
+    devices: str | None = None,
+    use_devices: int | None = None,
+) -> str:
+    """`tokens` new bytes after `prompt`, decoded as UTF-8 (invalid sequences replaced).
+    `use_devices`: the mesh over only the first N devices (see session.prepare)."""
+    check_options(tokens, temperature, top_k, prompt)
+    found = evaluate_lib.find_checkpoint(Path(path))
+    recipe = evaluate_lib.checkpoint_recipe(found, mesh=mesh, devices=devices)
+    if recipe.task != "language_model":
+        raise UsageError(
+            f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "
+            f"this run's task is {recipe.task}"
+        )
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    from dtcli import session as session_lib
+    from dtcli.layout import replicated
+
+    session = session_lib.prepare(recipe, splits=(), use_devices=use_devices)
+    ckpt = ckpt_lib.Checkpointer(found.parent, {"model": session.model.module}, keep=1)
+    ckpt.restore(found, session.model.weights, partial=True)
+    context = session.data.input_shape[0]
+    vocab = session.data.num_classes
+    if top_k is not None and top_k > vocab:
+        raise UsageError(f"--top-k {top_k}: expected at most the vocabulary, {vocab}")
+    model = session.model
+    mesh_ = session.mesh
+
+    @tf.function(autograph=model.needs_autograph)
+    def logits_at(window: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+        out = model.forward(window, training=False)  # [1, context, vocab]
+        row = tf.gather(out[0], position)
+        return dtensor.relayout(row, replicated(mesh_, 1))
+
+    rng = np.random.default_rng(seed)
+    sequence = list(prompt.encode("utf-8"))
+    new: list[int] = []
+    for _ in range(tokens):
+        window = sequence[-context:]
+        padded = np.zeros((1, context), np.int32)
+        padded[0, : len(window)] = window
+        x = dtensor.copy_to_mesh(padded, replicated(mesh_, 2))
+        position = dtensor.copy_to_mesh(np.int32(len(window) - 1), replicated(mesh_, 0))
+        row = dtensor.unpack(logits_at(x, position))[0].numpy().astype(np.float64)
+        token = pick(row, temperature, top_k, rng)
+        sequence.append(token)
+        new.append(token)
+    return bytes(new).decode("utf-8", errors="replace")
+
+
+def pick(
+    logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator
+) -> int:
+    """The next token: the most likely (temperature 0), or a draw from the softmax of
+    logits / temperature over the top_k most likely."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    scaled = logits / temperature
+    if top_k is not None and top_k < len(scaled):
+        cut = np.sort(scaled)[-top_k]
+        scaled = np.where(scaled < cut, -np.inf, scaled)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    return int(rng.choice(len(probs), p=probs))

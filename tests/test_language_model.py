@@ -1,0 +1,237 @@
+"""Language models: byte-level text windows, the built-in GPT trained the same on any mesh
+(1 device, batch=8, batch=4 x model=2, model=8 with 8 heads), the learning-rate schedule, a
+train.steps run's evaluation points, and `dtcli generate` giving the same text on any mesh."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+MESHES = ["batch=1", "batch=8", "batch=4,model=2", "model=8"]
+# recipes/tiny_gpt_tensor_parallel.yaml's rules, shrunk: 1 block 32 wide with 8 heads (a block
+# holds every kind of weight; more would only cost compile time).
+TINY = [
+    "model.transformer={layers: 1, d_model: 32, heads: 8, mlp_ratio: 2, context: 16}",
+    "data.batch_size=8",
+    "data.eval_batch_size=8",
+    "train.steps_per_call=10",
+    "optimizer.warmup_steps=5",
+    "optimizer.min_learning_rate=1e-4",
+]
+SGD = ["optimizer.name=sgd", "optimizer.no_decay=null", "optimizer.momentum=0.9"]
+
+
+def tiny_recipe(tmp_text, sets=(), mesh="batch=1"):
+    from dtcli import recipe as R
+
+    return R.load(
+        ROOT / "recipes" / "tiny_gpt_tensor_parallel.yaml",
+        [f"data.path={tmp_text}", *TINY, *sets],
+        mesh=mesh,
+        devices="cpu:8",
+    )
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """A few KB of real English (tiny Shakespeare's start when ../shared is there; else this
+    repository's README, which every clone has)."""
+    shakespeare = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    source = shakespeare if shakespeare.is_file() else ROOT / "README.md"
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_bytes(source.read_bytes()[:20_000])
+    return path
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_text_windows_are_the_bytes_and_the_next_bytes(text_file):
+    from dtcli import data as D
+    from dtcli import recipe as R
+
+    cfg = R.DataConfig(source="text", path=str(text_file), context=16)
+    ds = D.load(cfg)
+    raw = np.frombuffer(text_file.read_bytes(), np.uint8)
+    cut = int(len(raw) * 0.9)
+    assert ds.num_classes == 256 and ds.input_shape == (16,)
+    # training windows start at every byte of the first 90%
+    assert len(ds.train) == cut - 16
+    for i in (0, 1, 777, len(ds.train) - 1):
+        np.testing.assert_array_equal(ds.train.x[i], raw[i : i + 16])
+        np.testing.assert_array_equal(ds.train.y[i], raw[i + 1 : i + 17])
+    # evaluation windows tile the last 10% without overlap: each byte predicted once
+    assert len(ds.eval) == (len(raw) - cut - 1) // 16
+    np.testing.assert_array_equal(ds.eval.x[1], raw[cut + 16 : cut + 32])
+    np.testing.assert_array_equal(ds.eval.y[1], raw[cut + 17 : cut + 33])
+    # a batch copies only its own windows (views of the file's bytes until then)
+    assert not ds.train.x.flags.owndata
+
+
+def test_text_defaults_to_the_standard_library_sources():
+    from dtcli import data as D
+    from dtcli import recipe as R
+
+    ds = D.load(R.DataConfig(source="text", context=8))
+    assert "standard library" in ds.description
+    assert len(ds.train) > 1_000_000  # megabytes of real Python
+    head = bytes(ds.train.x[0]) + bytes(ds.train.y[0][-1:])
+    first = D.stdlib_sources()[0].read_bytes()[:9]
+    assert head == first
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def nanogpt_lr(it, lr=1e-3, warmup=100, decay=2000, low=1e-4):
+    """nanoGPT's train.py get_lr, verbatim in meaning."""
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it > decay:
+        return low
+    ratio = (it - warmup) / (decay - warmup)
+    return low + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - low)
+
+
+def test_cosine_schedule_is_nanogpts(cpu8):
+    import tensorflow as tf
+
+    from dtcli import optimizers
+    from dtcli import recipe as R
+
+    cfg = R.OptimizerConfig(
+        learning_rate=1e-3, schedule="cosine", warmup_steps=100, min_learning_rate=1e-4
+    )
+    for step in (0, 1, 50, 99, 100, 101, 500, 1000, 1999, 2000, 2500):
+        got = float(optimizers.learning_rate_at(cfg, tf.constant(step, tf.int64), 2000))
+        assert got == pytest.approx(nanogpt_lr(step), rel=1e-5), step
+    constant = R.OptimizerConfig(learning_rate=3e-4)
+    assert float(optimizers.learning_rate_at(constant, tf.constant(7), 100)) == pytest.approx(3e-4)
+
+
+# --------------------------------------------------------------------------- meshes
+
+
+def train_20(text_file, mesh, sets=()):
+    from dtcli import models
+    from dtcli import session as T
+
+    recipe = tiny_recipe(text_file, sets, mesh)
+    s = T.prepare(recipe, use_devices=1 if mesh == "batch=1" else None)
+    losses = T.run_steps(s, 20)
+    return losses, models.host_weights(s.model, s.mesh), s
+
+
+@pytest.fixture(scope="module")
+def adamw_runs(cpu8, text_file):
+    return {mesh: train_20(text_file, mesh) for mesh in MESHES}
+
+
+@pytest.mark.parametrize("mesh", MESHES[1:])
+def test_gpt_trains_the_same_on_any_mesh_adamw(adamw_runs, mesh):
+    """AdamW with warmup, cosine decay, clipping and no decay of LayerNorm: losses to 1e-5 at
+    every step, weights to 1e-3 (Adam amplifies float32 noise, DTENSOR_NOTES)."""
+    base_losses, base, _ = adamw_runs["batch=1"]
+    losses, weights, session = adamw_runs[mesh]
+    assert session.mesh.num_local_devices() == 8
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
+    assert base_losses[-1] < base_losses[0] - 0.5  # it learned
+    for path in base:
+        scale = max(float(np.max(np.abs(base[path]))), 1e-12)
+        assert float(np.max(np.abs(weights[path] - base[path]))) / scale <= 1e-3, path
+
+
+def test_tensor_parallel_really_splits_heads_and_mlp(adamw_runs):
+    _, _, session = adamw_runs["model=8"]
+    shards = {p.weight.path: p.spec for p in session.plans}
+    assert shards["block_0.attention.query.kernel"] == ("unsharded", "model", "unsharded")
+    assert shards["block_0.mlp.proj.kernel"] == ("model", "unsharded")
+    kernel = session.model.variables["block_0.attention.query.kernel"]
+    from tensorflow.experimental import dtensor
+
+    # each of the 8 devices holds one head of [32, 8, 4]
+    assert dtensor.unpack(kernel.read_value())[0].shape == (32, 1, 4)
+
+
+def test_gpt_trains_the_same_on_any_mesh_sgd_weights(cpu8, text_file):
+    """With SGD (momentum) nothing amplifies float32 noise: the weights agree to 1e-5 (on the
+    mesh that splits the most: every head and MLP unit on its own device)."""
+    base_losses, base, _ = train_20(text_file, "batch=1", SGD)
+    losses, weights, _ = train_20(text_file, "model=8", SGD)
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
+    assert base_losses[-1] < base_losses[0]
+    for path in base:
+        scale = max(float(np.max(np.abs(base[path]))), 1e-12)
+        assert float(np.max(np.abs(weights[path] - base[path]))) / scale <= 1e-5, path
+
+
+# --------------------------------------------------------------------------- a run, generate
+
+
+@pytest.fixture(scope="module")
+def lm_run(cpu8, text_file, tmp_path_factory):
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("lm") / "run"
+    sets = [x for s in TINY for x in ("--set", s)]
+    result = run_cli(
+        "train",
+        ROOT / "recipes" / "tiny_gpt.yaml",
+        "--set",
+        f"data.path={text_file}",
+        *sets,
+        "--set",
+        "train.steps=10",
+        "--set",
+        "train.eval_every=4",
+        "--mesh",
+        "batch=8",
+        "--devices",
+        "cpu:8",
+        "--out",
+        out,
+        "--no-progress",
+    )
+    assert result.code == 0, result.err
+    return out, result
+
+
+def test_a_steps_run_evaluates_every_eval_every_steps_and_at_the_end(lm_run):
+    out, result = lm_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8, 10]
+    last = records[-1]
+    assert last["eval_perplexity"] == pytest.approx(math.exp(last["eval_loss"]), rel=1e-6)
+    assert last["tokens_per_sec"] > 0 and last["flops_per_sec_per_device"] > 0
+    # the last 2,000 of 20,000 bytes in windows of 16 (+1 for the last target): 124 windows
+    assert last["eval_tokens"] == (2000 - 1) // 16 * 16
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert {"loss", "grad_norm", "learning_rate"} <= set(steps[0])
+    # logged every 10 steps: step 10, after the 5-step warmup, on the cosine's way down
+    assert steps[0]["step"] == 10 and 1e-4 < steps[0]["learning_rate"] < 1e-3
+    assert "step 10/10" in result.err and "tok/s" in result.err
+
+
+def test_generate_greedy_is_the_same_on_any_mesh_and_sampling_follows_the_seed(lm_run):
+    from conftest import run_cli
+
+    from dtcli import generate
+
+    out, _ = lm_run
+    # (trained on batch=8) on 1 device, and tensor-parallel on model=4
+    greedy = [
+        generate.generate(
+            out, "ROMEO:", 24, temperature=0, mesh=mesh, devices="cpu:8", use_devices=n
+        )
+        for mesh, n in (("batch=1", 1), ("model=4", 4))
+    ]
+    assert greedy[0] == greedy[1]
+    assert len(greedy[0].encode("utf-8", errors="surrogateescape")) >= 24  # only the new text
+    sampled = [run_cli("generate", out, "--tokens", 24, "--seed", 1, "--top-k", 20) for _ in "ab"]
+    assert all(r.code == 0 for r in sampled), [r.err for r in sampled]
+    assert sampled[0].out == sampled[1].out
+    assert sampled[0].out.strip() and sampled[0].out != greedy[0] + "\n"
