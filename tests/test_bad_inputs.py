@@ -22,6 +22,7 @@ from conftest import RECIPES, snapshot
 from dtcli import rundir
 
 QUICK = str(RECIPES / "quickstart.yaml")
+GPT = str(RECIPES / "tiny_gpt.yaml")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,13 @@ def s(*pairs: str) -> list[str]:
 def t(*pairs: str, expect: str, **kw) -> Case:
     """train the quickstart with --set overrides."""
     return c("train", "{q}", *s(*pairs), expect=expect, **kw)
+
+
+def lm(*pairs: str, expect: str, **kw) -> Case:
+    """train recipes/tiny_gpt.yaml with --set overrides (on this process's 8 CPUs: the data
+    is read after the devices are configured)."""
+    on8 = ("--devices", "cpu:8", "--mesh", "batch=4,model=2")
+    return c("train", GPT, *on8, *s(*pairs), expect=expect, **kw)
 
 
 # --------------------------------------------------------------------------- the table
@@ -385,6 +393,68 @@ CASES: dict[str, Case] = {
     "checkpoint every negative": t("train.checkpoint_every=-1", expect="train.checkpoint_every"),
     "keep zero": t("train.keep=0", expect="train.keep"),
     "log every zero": t("train.log_every=0", expect="train.log_every"),
+    # ---- language models, schedules, train.steps
+    "task unknown": t("task=regress", expect="recipe key 'task'"),
+    "text source on a classifier": t("data.source=text", expect="recipe key 'task'"),
+    "language model on images": t(
+        "task=language_model", expect="recipe key 'data.source': task language_model reads text"
+    ),
+    "transformer on a classifier": t(
+        "model.layers=null", "model.transformer={layers: 1}", expect="recipe key 'task'"
+    ),
+    "transformer and layers": lm("model.layers=[Dense]", expect="exactly one of 'layers'"),
+    "transformer heads not dividing": lm(
+        "model.transformer.heads=3", expect="recipe key 'model.transformer.heads'"
+    ),
+    "transformer zero layers": lm("model.transformer.layers=0", expect="transformer.layers"),
+    "transformer unknown key": lm(
+        "model.transformer.layerz=2", expect="'model.transformer.layerz' (did you mean 'layers'?)"
+    ),
+    "transformer dropout 1": lm("model.transformer.dropout=1", expect="transformer.dropout"),
+    "text path missing": lm("data.path=nope.txt", expect="recipe key 'data.path': no file"),
+    "text file empty": lm("data.path={tmp}/e.txt", expect="is empty", setup=file_at("e.txt", "")),
+    "text shorter than a window": lm(
+        "data.path={tmp}/s.txt", expect="fewer than one window", setup=file_at("s.txt", "abc")
+    ),
+    "text eval fraction 1": lm("data.eval_fraction=1", expect="data.eval_fraction"),
+    "text context past the model's": lm("data.context=65", expect="recipe key 'data.context'"),
+    "text placement device": lm("data.placement=device", expect="data.placement"),
+    "lm heads over the model axis": c(
+        "train",
+        str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),
+        "--mesh",
+        "model=8",
+        expect="attention heads",
+    ),
+    "eval_every without steps": t("train.eval_every=5", expect="recipe key 'train.eval_every'"),
+    "steps zero": lm("train.steps=0", expect="recipe key 'train.steps'"),
+    "eval_every past an epoch": t(
+        "train.steps=1000", "train.eval_every=1000", expect="recipe key 'train.eval_every'"
+    ),
+    "epochs on a steps recipe": c("train", GPT, "--epochs", "3", expect="--epochs"),
+    "schedule unknown": t("optimizer.schedule=linear", expect="optimizer.schedule"),
+    "warmup past the decay": t(
+        "optimizer.schedule=cosine",
+        "optimizer.warmup_steps=10",
+        "optimizer.decay_steps=5",
+        expect="optimizer.warmup_steps",
+    ),
+    "min learning rate above it": t(
+        "optimizer.min_learning_rate=1", expect="optimizer.min_learning_rate"
+    ),
+    "clip norm zero": t("optimizer.clip_norm=0", expect="optimizer.clip_norm"),
+    "no_decay with adam": t("optimizer.no_decay=bias", expect="only adamw"),
+    "no_decay bad regex": t(
+        "optimizer.name=adamw", "optimizer.no_decay=(", expect="optimizer.no_decay"
+    ),
+    "generate missing": c("generate", "{tmp}/nope", expect="no such file"),
+    "generate a classifier": c("generate", "{run}", expect="needs a language model"),
+    "generate zero tokens": c("generate", "{run}", "--tokens", "0", expect="--tokens"),
+    "generate negative temperature": c(
+        "generate", "{run}", "--temperature", "-1", expect="--temperature"
+    ),
+    "generate top-k zero": c("generate", "{run}", "--top-k", "0", expect="--top-k"),
+    "generate empty prompt": c("generate", "{run}", "--prompt", "", expect="--prompt"),
     "steps per call zero": t("train.steps_per_call=0", expect="train.steps_per_call"),
     "steps per call huge": t("train.steps_per_call=5000", expect="train.steps_per_call"),
     "steps per call text": t("train.steps_per_call=many", expect="train.steps_per_call"),
