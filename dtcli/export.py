@@ -48,14 +48,16 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
                 f"({first[0][:200] if first else type(exc).__name__})"
             ) from None
 
+        language = recipe.task == "language_model"
+        # A language model takes byte tokens; a classifier preprocessed float32 examples.
+        dtype = tf.int32 if language else tf.float32
+
         class Serving(tf.Module):
             def __init__(self, net: Any):
                 super().__init__(name="dtcli_export")
                 self.net = net
 
-            @tf.function(
-                input_signature=[tf.TensorSpec([None, *input_shape], tf.float32, name="x")]
-            )
+            @tf.function(input_signature=[tf.TensorSpec([None, *input_shape], dtype, name="x")])
             def serve(self, x: Any) -> dict[str, Any]:
                 logits = self.net(x, training=False)
                 return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
@@ -95,7 +97,10 @@ def _finish(
                 "trained_on_mesh": meta["mesh"],
                 "note": "plain tensors on one device; the DTensor layouts of training are not kept",
                 "inputs": (
-                    "float32 of shape [batch, *input_shape], preprocessed as in training: "
+                    "int32 byte tokens of shape [batch, context]; logits and probabilities "
+                    "[batch, context, 256] predict the next byte at each position"
+                    if recipe.task == "language_model"
+                    else "float32 of shape [batch, *input_shape], preprocessed as in training: "
                     "pixel values scaled to [0, 1]"
                     + (", images flattened" if recipe.data.flatten else "")
                 ),

@@ -96,6 +96,8 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
             if raw["data"]["source"] in ("tfds", "idx"):
                 raw["data"].update(source="synthetic", shape=[28, 28], classes=10, count=256,
                                    eval_count=64)
+            if raw["devices"] == "cpu:1":  # this process has 8 CPUs: the same model on them
+                raw.update(devices="cpu:8", mesh={{"batch": 4, "model": 2}})
             recipe = R.from_mapping(raw)
             report = P.make_report(recipe)
             text = io.StringIO()
@@ -119,9 +121,13 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
         print(json.dumps(out))
         """
     )
-    assert {"quickstart", "mnist_mlp_tensor_parallel", "mnist_mlp_2d", "mnist_cnn_2d"} <= set(
-        result
-    )
+    assert {
+        "quickstart",
+        "mnist_mlp_tensor_parallel",
+        "mnist_mlp_2d",
+        "mnist_cnn_2d",
+        "tiny_gpt_tensor_parallel",
+    } <= set(result)
     for name, r in result.items():
         assert r["table_has_every_weight"], name
         assert r["planned"] == r["live"], name
