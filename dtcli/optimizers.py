@@ -82,9 +82,11 @@ class KerasOptimizer:
             self.impl.exclude_from_weight_decay(var_list=no_decay)
         self.impl.build(variables)
 
-    def apply(self, grads: list, variables: list, learning_rate: Any) -> None:
-        # The rate of this step (its schedule), read by the update and AdamW's decay alike.
-        self.impl.learning_rate = learning_rate
+    def apply(self, grads: list, variables: list, learning_rate: Any = None) -> None:
+        """`learning_rate`: this step's rate (a schedule's), read by the update and AdamW's
+        decay alike; None keeps the optimizer's own."""
+        if learning_rate is not None:
+            self.impl.learning_rate = learning_rate
         self.impl.apply_gradients(zip(grads, variables))
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
@@ -147,13 +149,13 @@ class CoreOptimizer:
         """Core hyperparameters are this process's recipe values; a checkpoint holds none."""
         self.cfg = cfg
 
-    def apply(self, grads: list, variables: list, learning_rate: Any) -> None:
+    def apply(self, grads: list, variables: list, learning_rate: Any = None) -> None:
         import tensorflow as tf
 
         cfg = self.cfg
         slots = self.module.slots
         step = tf.cast(self.module.iterations + 1, tf.float32)
-        lr = learning_rate
+        lr = tf.constant(cfg.learning_rate, tf.float32) if learning_rate is None else learning_rate
         for i, (g, var) in enumerate(zip(grads, variables)):
             if cfg.name == "sgd":
                 if cfg.momentum:

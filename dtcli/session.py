@@ -168,7 +168,8 @@ def place_on_device(cfg: recipe_lib.DataConfig, split: Any, local_devices: int) 
 # --------------------------------------------------------------------------- steps
 
 
-# What the train call returns for each step, read back once per call.
+# What the train call returns for each step, read back once per call (the last two only
+# where the recipe schedules or clips, see make_steps).
 PER_STEP = ("loss", "correct", "count", "grad_norm", "learning_rate")
 
 
@@ -208,6 +209,13 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         }
 
     cfg = session.recipe.optimizer
+    # The learning rate of a schedule and the gradient norm are computed (and logged) only where
+    # a recipe schedules or clips, as language-model recipes do; otherwise the step is the one
+    # of before they existed. With them in every step, DTensor's lowering of a later train call
+    # in the same process failed now and then ("Cannot add function 'while_cond' because a
+    # different function with the same name already exists"; not understood yet).
+    measured = cfg.schedule != "constant" or cfg.warmup_steps > 0 or cfg.clip_norm is not None
+    per_step = PER_STEP if measured else PER_STEP[:3]
     total_steps = session.recipe.train.steps or session.recipe.train.epochs * epoch_steps(session)
 
     def one_step(x: Any, y: Any, mask: Any, apply: Any) -> dict[str, Any]:
@@ -220,10 +228,11 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         grads = tape.gradient(loss, variables)
         # Embedding lookups give IndexedSlices; DTensor cannot lay out their scatter update.
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        norm = tf.linalg.global_norm(grads)
-        if cfg.clip_norm is not None:
-            grads, _ = tf.clip_by_global_norm(grads, cfg.clip_norm, use_norm=norm)
-        rate = optimizers.learning_rate_at(cfg, optimizer.iterations, total_steps)
+        if measured:
+            norm = tf.linalg.global_norm(grads)
+            if cfg.clip_norm is not None:
+                grads, _ = tf.clip_by_global_norm(grads, cfg.clip_norm, use_norm=norm)
+            rate = optimizers.learning_rate_at(cfg, optimizer.iterations, total_steps)
         finite = tf.math.is_finite(loss)
 
         def update() -> Any:
@@ -231,7 +240,7 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             # with DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
             # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it on.
             with tf.control_dependencies(grads):
-                optimizer.apply(grads, variables, rate)
+                optimizer.apply(grads, variables, rate if measured else None)
             return tf.constant(True)
 
         applied = tf.cond(
@@ -242,8 +251,9 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         out["loss"] = loss
         out["finite"] = finite
         out["applied"] = applied
-        out["grad_norm"] = norm
-        out["learning_rate"] = rate
+        if measured:
+            out["grad_norm"] = norm
+            out["learning_rate"] = rate
         return out
 
     def pick(block: Any, i: Any) -> Any:
@@ -272,7 +282,7 @@ def make_steps(session: Session) -> tuple[Any, Any]:
         split placed on the devices; `masks` [K, batch]; `real`: the steps to run."""
         steps = masks.shape[0]
 
-        def body(i: Any, healthy: Any, applied: Any, vectors: tuple) -> tuple:
+        def body(i: Any, healthy: Any, applied: Any, *vectors: Any) -> tuple:
             out = one_step(*batch_at(inputs, masks, i), healthy)
             # TensorArrays do not expand under DTensor; one-hot sums do.
             at = tf.one_hot(i, steps)
@@ -280,23 +290,19 @@ def make_steps(session: Session) -> tuple[Any, Any]:
                 i + 1,
                 tf.logical_and(healthy, out["finite"]),
                 applied + tf.cast(out["applied"], tf.int32),
-                tuple(v + at * out[name] for v, name in zip(vectors, PER_STEP)),
+                *(v + at * out[name] for v, name in zip(vectors, per_step)),
             )
 
         # One traced step whatever K is (a Python loop would compile K). Only the `real` steps
         # of the block run: the padding of a short last block costs nothing (measured:
         # computing it made K=16 0.88x of K=4 on 39-step epochs).
-        _, _, applied, vectors = tf.while_loop(
+        zeros = tf.zeros([steps])
+        _, _, applied, *vectors = tf.while_loop(
             lambda i, *_: i < real,
             body,
-            (
-                tf.constant(0),
-                tf.constant(True),
-                tf.constant(0),
-                tuple(tf.zeros([steps]) for _ in PER_STEP),
-            ),
+            (tf.constant(0), tf.constant(True), tf.constant(0), *(zeros for _ in per_step)),
         )
-        return {"applied": applied, **dict(zip(PER_STEP, vectors))}
+        return {"applied": applied, **dict(zip(per_step, vectors))}
 
     def eval_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
         return sums(model.forward(x, training=False), y, mask)
@@ -327,7 +333,7 @@ def train_block(session: Session, train_call: Any, batches: list) -> dict:
     *inputs, masks = session.packer.pack_block(batches)
     out = train_call(tuple(inputs), masks, session.packer.scalar(real))
     return {
-        **{name: out[name].numpy()[:real] for name in PER_STEP},
+        **{name: out[name].numpy()[:real] for name in PER_STEP if name in out},
         "applied": int(out["applied"].numpy()),
     }
 
@@ -453,12 +459,8 @@ def run_epoch(
             state.correct += float(out["correct"][j])
             state.count += n
             if writer is not None and (first + j) % log_every == 0:
-                writer.step_loss(
-                    first + j,
-                    float(out["loss"][j]),
-                    grad_norm=float(out["grad_norm"][j]),
-                    learning_rate=float(out["learning_rate"][j]),
-                )
+                more = {k: float(out[k][j]) for k in PER_STEP[3:] if k in out}
+                writer.step_loss(first + j, float(out["loss"][j]), **more)
         if good < len(block):
             raise NonFiniteLoss(float(out["loss"][good]), first + good)
         state.seconds = time.perf_counter() - started
