@@ -402,6 +402,12 @@ def _check(recipe: Recipe) -> Recipe:
     _check_data(recipe.data)
     _check_train(recipe.train)
     _check_optimizer(recipe.optimizer)
+    o, t = recipe.optimizer, recipe.train
+    if o.warmup_steps and o.decay_steps is None and t.steps and o.warmup_steps >= t.steps:
+        raise UsageError(
+            f"recipe key 'optimizer.warmup_steps': {o.warmup_steps} is not below train.steps "
+            f"{t.steps} (the rate would never leave its warmup); use fewer warmup steps"
+        )
     return recipe
 
 

@@ -439,6 +439,9 @@ CASES: dict[str, Case] = {
         "optimizer.decay_steps=5",
         expect="optimizer.warmup_steps",
     ),
+    "warmup past a steps run": lm(
+        "train.steps=20", "train.eval_every=10", expect="optimizer.warmup_steps"
+    ),
     "min learning rate above it": t(
         "optimizer.min_learning_rate=1", expect="optimizer.min_learning_rate"
     ),
