@@ -174,11 +174,13 @@ def test_gpt_trains_the_same_on_any_mesh_sgd_weights(cpu8, text_file):
 
 @pytest.fixture(scope="module")
 def lm_run(cpu8, text_file, tmp_path_factory):
-    from conftest import run_cli
+    """A fresh process: a train call built after many others in one process can hit DTensor's
+    function-name clash (see session.make_steps); `dtcli train` runs one per process."""
+    from conftest import dtcli
 
     out = tmp_path_factory.mktemp("lm") / "run"
     sets = [x for s in TINY for x in ("--set", s)]
-    result = run_cli(
+    result = dtcli(
         "train",
         ROOT / "recipes" / "tiny_gpt.yaml",
         "--set",
