@@ -230,10 +230,13 @@ def generate(
     """Generate text from a language model checkpoint; prints only the generated text."""
     from dtcli import generate as generate_lib
 
-    text = generate_lib.generate(
+    # Written as it is sampled: a long generation shows progress, and Ctrl-C keeps what came.
+    for piece in generate_lib.stream(
         checkpoint, prompt, tokens, temperature, top_k, seed, mesh=mesh, devices=devices
-    )
-    sys.stdout.write(text + "\n")
+    ):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
 
 
 @app.command()

@@ -10,6 +10,8 @@ sampling draws from a host RNG seeded with --seed, so a seed gives the same text
 
 from __future__ import annotations
 
+import codecs
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +21,13 @@ from dtcli import evaluate as evaluate_lib
 from dtcli.errors import UsageError
 
 
+# One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
+MAX_TOKENS = 1_000_000
+
+
 def check_options(tokens: int, temperature: float, top_k: int | None, prompt: str) -> None:
-    if tokens < 1:
-        raise UsageError(f"--tokens {tokens}: expected a positive integer")
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise UsageError(f"--tokens {tokens}: expected an integer from 1 to {MAX_TOKENS:,}")
     if not (temperature >= 0 and np.isfinite(temperature)):
         raise UsageError(f"--temperature {temperature}: expected a number >= 0 (0: greedy)")
     if top_k is not None and top_k < 1:
@@ -43,6 +49,24 @@ def generate(
 ) -> str:
     """`tokens` new bytes after `prompt`, decoded as UTF-8 (invalid sequences replaced).
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
+    return "".join(
+        stream(path, prompt, tokens, temperature, top_k, seed, mesh, devices, use_devices)
+    )
+
+
+def stream(
+    path: Path,
+    prompt: str,
+    tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    mesh: str | None = None,
+    devices: str | None = None,
+    use_devices: int | None = None,
+) -> Iterator[str]:
+    """`generate`'s text as it is sampled, a piece per token (a byte that ends no UTF-8
+    character yet gives ""), so a caller can print it as it comes and keep it on Ctrl-C."""
     check_options(tokens, temperature, top_k, prompt)
     found = evaluate_lib.find_checkpoint(Path(path))
     recipe = evaluate_lib.checkpoint_recipe(found, mesh=mesh, devices=devices)
@@ -51,7 +75,9 @@ def generate(
             f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "
             f"this run's task is {recipe.task}"
         )
-    import tensorflow as tf
+    from dtcli import devices as devices_lib
+
+    tf = devices_lib.import_tensorflow()  # without its native start-up notices
     from tensorflow.experimental import dtensor
 
     from dtcli import session as session_lib
@@ -68,25 +94,27 @@ def generate(
     mesh_ = session.mesh
 
     @tf.function(autograph=model.needs_autograph)
-    def logits_at(window: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    def logits_at(window: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
+        """`at`: [context] bool, true at the last prompt position (a position as an int
+        would be folded into the program by DTensor and lowered again: Packer.flags)."""
         out = model.forward(window, training=False)  # [1, context, vocab]
-        row = tf.gather(out[0], position)
+        row = tf.reduce_sum(out[0] * tf.cast(at, out.dtype)[:, None], axis=0)
         return dtensor.relayout(row, replicated(mesh_, 1))
 
     rng = np.random.default_rng(seed)
     sequence = list(prompt.encode("utf-8"))
-    new: list[int] = []
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for _ in range(tokens):
         window = sequence[-context:]
         padded = np.zeros((1, context), np.int32)
         padded[0, : len(window)] = window
         x = dtensor.copy_to_mesh(padded, replicated(mesh_, 2))
-        position = dtensor.copy_to_mesh(np.int32(len(window) - 1), replicated(mesh_, 0))
-        row = dtensor.unpack(logits_at(x, position))[0].numpy().astype(np.float64)
+        at = dtensor.copy_to_mesh(np.arange(context) == len(window) - 1, replicated(mesh_, 1))
+        row = dtensor.unpack(logits_at(x, at))[0].numpy().astype(np.float64)
         token = pick(row, temperature, top_k, rng)
         sequence.append(token)
-        new.append(token)
-    return bytes(new).decode("utf-8", errors="replace")
+        yield decoder.decode(bytes([token]))
+    yield decoder.decode(b"", final=True)
 
 
 def pick(

@@ -270,13 +270,20 @@ class Packer:
             self.layout(array.ndim, batch_dim),
         )
 
-    def scalar(self, value: int) -> Any:
-        """An int32 scalar on the mesh (replicated): a call's argument that must not retrace."""
+    def flags(self, values: list[bool]) -> Any:
+        """A bool vector on the mesh (replicated): a call's argument that changes from call to
+        call without retracing or re-lowering it.
+
+        Not an int or float: DTensor folds a replicated int/float input of under 20 elements
+        into the lowered program as a constant and lowers the function again, once, the first
+        time its value changes; that second lowering's functions can take the names of the
+        first's ("Cannot add function 'while5_body' because a different function with the
+        same name already exists"). Bools are never folded."""
         from tensorflow.experimental import dtensor
 
         from dtcli.layout import replicated
 
-        return dtensor.copy_to_mesh(np.int32(value), replicated(self.mesh, 0))
+        return dtensor.copy_to_mesh(np.asarray(values, bool), replicated(self.mesh, 1))
 
     def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
         packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)

@@ -210,10 +210,8 @@ def make_steps(session: Session) -> tuple[Any, Any]:
 
     cfg = session.recipe.optimizer
     # The learning rate of a schedule and the gradient norm are computed (and logged) only where
-    # a recipe schedules or clips, as language-model recipes do; otherwise the step is the one
-    # of before they existed. With them in every step, DTensor's lowering of a later train call
-    # in the same process failed now and then ("Cannot add function 'while_cond' because a
-    # different function with the same name already exists"; not understood yet).
+    # a recipe schedules or clips, as language-model recipes do; other recipes do not pay for a
+    # norm over every gradient each step.
     measured = cfg.schedule != "constant" or cfg.warmup_steps > 0 or cfg.clip_norm is not None
     per_step = PER_STEP if measured else PER_STEP[:3]
     total_steps = session.recipe.train.steps or session.recipe.train.epochs * epoch_steps(session)
@@ -277,10 +275,12 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             pick(masks, i),
         )
 
-    def train_call(inputs: tuple, masks: Any, real: Any) -> dict[str, Any]:
+    def train_call(inputs: tuple, masks: Any, runs: Any) -> dict[str, Any]:
         """`inputs`: the block's (xs, ys) [K, batch, ...], or (positions,) [K, batch] of a
-        split placed on the devices; `masks` [K, batch]; `real`: the steps to run."""
+        split placed on the devices; `masks` [K, batch]; `runs` [K] bool: the steps to run
+        (the first ones; see Packer.flags for why not their count)."""
         steps = masks.shape[0]
+        real = tf.reduce_sum(tf.cast(runs, tf.int32))
 
         def body(i: Any, healthy: Any, applied: Any, *vectors: Any) -> tuple:
             out = one_step(*batch_at(inputs, masks, i), healthy)
@@ -331,7 +331,8 @@ def train_block(session: Session, train_call: Any, batches: list) -> dict:
         batches = batches + [pipeline_lib.empty_like(batches[0])] * (k - real)
     # (xs, ys, masks), or (positions, masks) of a split placed on the devices.
     *inputs, masks = session.packer.pack_block(batches)
-    out = train_call(tuple(inputs), masks, session.packer.scalar(real))
+    runs = session.packer.flags([i < real for i in range(k)])
+    out = train_call(tuple(inputs), masks, runs)
     return {
         **{name: out[name].numpy()[:real] for name in PER_STEP if name in out},
         "applied": int(out["applied"].numpy()),

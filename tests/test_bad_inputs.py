@@ -453,6 +453,9 @@ CASES: dict[str, Case] = {
     "generate missing": c("generate", "{tmp}/nope", expect="no such file"),
     "generate a classifier": c("generate", "{run}", expect="needs a language model"),
     "generate zero tokens": c("generate", "{run}", "--tokens", "0", expect="--tokens"),
+    "generate a billion tokens": c(
+        "generate", "{run}", "--tokens", "1000000000", expect="--tokens 1000000000"
+    ),
     "generate negative temperature": c(
         "generate", "{run}", "--temperature", "-1", expect="--temperature"
     ),

@@ -174,13 +174,14 @@ def test_gpt_trains_the_same_on_any_mesh_sgd_weights(cpu8, text_file):
 
 @pytest.fixture(scope="module")
 def lm_run(cpu8, text_file, tmp_path_factory):
-    """A fresh process: a train call built after many others in one process can hit DTensor's
-    function-name clash (see session.make_steps); `dtcli train` runs one per process."""
-    from conftest import dtcli
+    """In this process, after the sessions above: every train call with a different number of
+    steps to run (here 4, 4, 2) once made DTensor lower the call again, and that lowering's
+    functions could clash by name with the first's (see pipeline.Packer.flags)."""
+    from conftest import run_cli
 
     out = tmp_path_factory.mktemp("lm") / "run"
     sets = [x for s in TINY for x in ("--set", s)]
-    result = dtcli(
+    result = run_cli(
         "train",
         ROOT / "recipes" / "tiny_gpt.yaml",
         "--set",
