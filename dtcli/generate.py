@@ -20,7 +20,6 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import evaluate as evaluate_lib
 from dtcli.errors import UsageError
 
-
 # One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
 MAX_TOKENS = 1_000_000
 
