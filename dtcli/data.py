@@ -263,6 +263,8 @@ def _text(cfg: DataConfig) -> Dataset:
     """Byte-level language-model windows: training windows start at every byte, evaluation
     windows tile the evaluation bytes without overlap (each token predicted once)."""
     context = int(cfg.context or 1)
+    if cfg.path is None and cfg.name != "digits":
+        return _tfds_text(cfg, context)
     if cfg.path is None:
         files, what = stdlib_sources(), "the Python standard library's sources"
         if not files:
@@ -279,12 +281,23 @@ def _text(cfg: DataConfig) -> Dataset:
     else:
         cut = int(len(tokens) * (1 - cfg.eval_fraction))
         train, evaluate = tokens[:cut], tokens[cut:]
-    for key, part, name in (
-        ("data.path", train, "training"),
-        ("data.eval_path", evaluate, "evaluation"),
-    ):
+    return _text_dataset(cfg, context, train, evaluate, what)
+
+
+def _text_dataset(
+    cfg: DataConfig,
+    context: int,
+    train: np.ndarray,
+    evaluate: np.ndarray,
+    what: str,
+    keys: tuple[str, str] | None = None,
+) -> Dataset:
+    """Training and evaluation tokens -> windows, refusing a part shorter than one window."""
+    train_key, eval_key = keys or ("data.path", "data.eval_path")
+    if keys is None and cfg.eval_path is None:
+        eval_key = "data.eval_fraction"  # the evaluation bytes are the end of data.path's
+    for key, part, name in ((train_key, train, "training"), (eval_key, evaluate, "evaluation")):
         if len(part) < context + 1:
-            key = key if cfg.eval_path is not None or name == "training" else "data.eval_fraction"
             raise UsageError(
                 f"recipe key '{key}': the {name} text has {len(part)} bytes, fewer than one "
                 f"window of data.context + 1 = {context + 1}"
@@ -296,6 +309,45 @@ def _text(cfg: DataConfig) -> Dataset:
         f"text {what} ({len(train):,} train / {len(evaluate):,} eval bytes, byte tokens, "
         f"windows of {context})",
     )
+
+
+def _tfds_text(cfg: DataConfig, context: int) -> Dataset:
+    """A TFDS text data set by name (tiny_shakespeare): the UTF-8 bytes of every example's text
+    feature in data.train_split and data.eval_split (e.g. "validation+test"), as byte tokens."""
+    import tensorflow_datasets as tfds
+
+    builder = _tfds_builder(cfg)
+    texts = [k for k, f in builder.info.features.items() if isinstance(f, tfds.features.Text)]
+    if not texts:
+        raise UsageError(
+            f"recipe key 'data.name': TFDS {cfg.name!r} has no text feature (source text reads "
+            "text; an image data set is source tfds)"
+        )
+    if cfg.download:
+        try:
+            builder.download_and_prepare()
+        except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"
+            raise UsageError(
+                f"recipe key 'data.download': preparing TFDS {cfg.name!r} failed "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+            ) from None
+
+    def read(split: str, key: str) -> np.ndarray:
+        records = _tfds_records(cfg, split, key, supervised=False)
+        try:
+            chunks = [bytes(r[texts[0]]) for r in tfds.as_numpy(records)]
+        except Exception as exc:  # noqa: BLE001 - TFDS/tf.data read errors, in one line
+            raise UsageError(
+                f"recipe key 'data.{key}': reading TFDS {cfg.name!r} {split!r} failed "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+            ) from None
+        return np.frombuffer(b"".join(chunks), np.uint8)
+
+    train = read(cfg.train_split, "train_split")
+    evaluate = read(cfg.eval_split, "eval_split")
+    what = f"TFDS {cfg.name} {cfg.train_split} / {cfg.eval_split}"
+    keys = ("data.train_split", "data.eval_split")
+    return _text_dataset(cfg, context, train, evaluate, what, keys)
 
 
 def _idx_dims(raw: bytes, path: Path) -> list[int]:
@@ -883,14 +935,14 @@ def _image_decoder(stream: Stream) -> Any:
     return decode
 
 
-def _tfds_records(cfg: DataConfig, split: str, key: str) -> Any:
+def _tfds_records(cfg: DataConfig, split: str, key: str, supervised: bool = True) -> Any:
     import tensorflow_datasets as tfds
 
     builder = _tfds_builder(cfg)
     try:
         return builder.as_dataset(
             split=split,
-            as_supervised=True,
+            as_supervised=supervised,
             shuffle_files=False,
             read_config=tfds.ReadConfig(try_autocache=False),
         )

@@ -164,7 +164,8 @@ class TrainConfig:
     epochs: int = 1
     # Stop each epoch after this many steps (None: one pass over the training data).
     steps_per_epoch: int | None = None
-    # Save a checkpoint every N epochs (0: only at the end) and keep the last K.
+    # Save a checkpoint every N epochs (0: only at the end) and keep the last K. A train.steps
+    # run's epochs are its stretches of eval_every steps: every N evaluations.
     checkpoint_every: int = 1
     keep: int = 3
     # Write the per-step training loss to TensorBoard every N steps.
@@ -484,6 +485,11 @@ def _check_task(recipe: Recipe) -> None:
             raise UsageError(
                 f"recipe key 'data.source': task language_model reads text, got {d.source!r} "
                 "(set data.source: text)"
+            )
+        if d.name != "digits" and (d.path is not None or d.eval_path is not None):
+            raise UsageError(
+                f"recipe key 'data.name': {d.name!r} names a TFDS text data set, and "
+                "data.path/data.eval_path name files; give one or the other"
             )
         if m.api != "keras" or m.layers is not None:
             raise UsageError(

@@ -666,7 +666,8 @@ def _summary(console: Any, history: list[dict[str, Any]], first_epoch: int) -> N
         return
     best = max(history, key=lambda r: r["eval_accuracy"])
     console.print(
-        f"done: {history[-1]['epoch']} epochs, {history[-1]['step']} steps "
+        f"done: {history[-1]['epoch']} epoch{'s' * (history[-1]['epoch'] != 1)}, "
+        f"{history[-1]['step']} steps "
         f"({seconds:.1f} s training in this process); best eval acc {best['eval_accuracy']:.4f} "
         f"in epoch {best['epoch']}",
         highlight=False,

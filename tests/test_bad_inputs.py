@@ -419,6 +419,10 @@ CASES: dict[str, Case] = {
     "text eval fraction 1": lm("data.eval_fraction=1", expect="data.eval_fraction"),
     "text context past the model's": lm("data.context=65", expect="recipe key 'data.context'"),
     "text placement device": lm("data.placement=device", expect="data.placement"),
+    "text TFDS name and a path": lm(
+        "data.name=tiny_shakespeare", "data.path={tmp}", expect="recipe key 'data.name'"
+    ),
+    "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
     "lm heads over the model axis": c(
         "train",
         str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),

@@ -84,6 +84,39 @@ def test_text_defaults_to_the_standard_library_sources():
     assert head == first
 
 
+def test_tfds_text_by_name_reads_its_splits_bytes(tmp_path):
+    """`data.name: tiny_shakespeare` (TFDS; here its mock data, no network): the training
+    tokens are the train split's text, the evaluation tokens validation+test's."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.testing import mock_data
+
+    from dtcli import data as D
+    from dtcli import recipe as R
+    from dtcli.errors import UsageError
+
+    cfg = R.DataConfig(
+        source="text",
+        name="tiny_shakespeare",
+        context=4,
+        data_dir=str(tmp_path),
+        eval_split="validation+test",
+    )
+    with mock_data(num_examples=3):
+        ds = D.load(cfg)
+        builder = tfds.builder("tiny_shakespeare", data_dir=str(tmp_path))
+        texts = {
+            split: b"".join(
+                bytes(r["text"]) for r in tfds.as_numpy(builder.as_dataset(split=split))
+            )
+            for split in ("train", "validation+test")
+        }
+    assert bytes(ds.train.tokens) == texts["train"] and len(texts["train"]) > 4
+    assert bytes(ds.eval.tokens) == texts["validation+test"]
+    assert ds.num_classes == 256 and "TFDS tiny_shakespeare" in ds.description
+    with pytest.raises(UsageError, match="data.name.*'mnist' has no text feature"):
+        D.load(R.DataConfig(source="text", name="mnist", context=4, data_dir=str(tmp_path)))
+
+
 # --------------------------------------------------------------------------- schedule
 
 
