@@ -323,14 +323,7 @@ def _tfds_text(cfg: DataConfig, context: int) -> Dataset:
             f"recipe key 'data.name': TFDS {cfg.name!r} has no text feature (source text reads "
             "text; an image data set is source tfds)"
         )
-    if cfg.download:
-        try:
-            builder.download_and_prepare()
-        except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"
-            raise UsageError(
-                f"recipe key 'data.download': preparing TFDS {cfg.name!r} failed "
-                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
-            ) from None
+    _download(builder, cfg)
 
     def read(split: str, key: str) -> np.ndarray:
         records = _tfds_records(cfg, split, key, supervised=False)
@@ -507,6 +500,18 @@ def _tfds_builder(cfg: DataConfig) -> Any:
         ) from None
 
 
+def _download(builder: Any, cfg: DataConfig) -> None:
+    """Prepare a TFDS data set where data.download asks for it."""
+    if cfg.download:
+        try:
+            builder.download_and_prepare()
+        except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"
+            raise UsageError(
+                f"recipe key 'data.download': preparing TFDS {cfg.name!r} failed "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+            ) from None
+
+
 def _model_shape(example: tuple[int, ...], cfg: DataConfig) -> tuple[int, ...]:
     """The shape the model sees: flattened, or with a channel dim for (H, W) images."""
     if cfg.flatten:
@@ -519,14 +524,7 @@ def _tfds(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
     builder = _tfds_builder(cfg)
     info = builder.info
     num_classes = info.features["label"].num_classes
-    if cfg.download:
-        try:
-            builder.download_and_prepare()
-        except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"
-            raise UsageError(
-                f"recipe key 'data.download': preparing TFDS {cfg.name!r} failed "
-                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
-            ) from None
+    _download(builder, cfg)
 
     def stream(split: str, key: str) -> Stream:
         try:
