@@ -281,22 +281,17 @@ def _text(cfg: DataConfig) -> Dataset:
     else:
         cut = int(len(tokens) * (1 - cfg.eval_fraction))
         train, evaluate = tokens[:cut], tokens[cut:]
-    return _text_dataset(cfg, context, train, evaluate, what)
+    # Without eval_path the evaluation bytes are the end of data.path's: eval_fraction's.
+    keys = ("data.path", "data.eval_path" if cfg.eval_path is not None else "data.eval_fraction")
+    return _text_dataset(context, train, evaluate, what, keys)
 
 
 def _text_dataset(
-    cfg: DataConfig,
-    context: int,
-    train: np.ndarray,
-    evaluate: np.ndarray,
-    what: str,
-    keys: tuple[str, str] | None = None,
+    context: int, train: np.ndarray, evaluate: np.ndarray, what: str, keys: tuple[str, str]
 ) -> Dataset:
-    """Training and evaluation tokens -> windows, refusing a part shorter than one window."""
-    train_key, eval_key = keys or ("data.path", "data.eval_path")
-    if keys is None and cfg.eval_path is None:
-        eval_key = "data.eval_fraction"  # the evaluation bytes are the end of data.path's
-    for key, part, name in ((train_key, train, "training"), (eval_key, evaluate, "evaluation")):
+    """Training and evaluation tokens -> windows, refusing a part shorter than one window
+    (naming `keys`: the recipe keys that gave the training and the evaluation tokens)."""
+    for key, part, name in zip(keys, (train, evaluate), ("training", "evaluation")):
         if len(part) < context + 1:
             raise UsageError(
                 f"recipe key '{key}': the {name} text has {len(part)} bytes, fewer than one "
@@ -340,7 +335,7 @@ def _tfds_text(cfg: DataConfig, context: int) -> Dataset:
     evaluate = read(cfg.eval_split, "eval_split")
     what = f"TFDS {cfg.name} {cfg.train_split} / {cfg.eval_split}"
     keys = ("data.train_split", "data.eval_split")
-    return _text_dataset(cfg, context, train, evaluate, what, keys)
+    return _text_dataset(context, train, evaluate, what, keys)
 
 
 def _idx_dims(raw: bytes, path: Path) -> list[int]:

@@ -35,24 +35,6 @@ def check_options(tokens: int, temperature: float, top_k: int | None, prompt: st
         raise UsageError("--prompt: expected at least one character")
 
 
-def generate(
-    path: Path,
-    prompt: str,
-    tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    seed: int = 0,
-    mesh: str | None = None,
-    devices: str | None = None,
-    use_devices: int | None = None,
-) -> str:
-    """`tokens` new bytes after `prompt`, decoded as UTF-8 (invalid sequences replaced).
-    `use_devices`: the mesh over only the first N devices (see session.prepare)."""
-    return "".join(
-        stream(path, prompt, tokens, temperature, top_k, seed, mesh, devices, use_devices)
-    )
-
-
 def stream(
     path: Path,
     prompt: str,
@@ -64,8 +46,10 @@ def stream(
     devices: str | None = None,
     use_devices: int | None = None,
 ) -> Iterator[str]:
-    """`generate`'s text as it is sampled, a piece per token (a byte that ends no UTF-8
-    character yet gives ""), so a caller can print it as it comes and keep it on Ctrl-C."""
+    """`tokens` new bytes after `prompt`, decoded as UTF-8 (invalid sequences replaced), as
+    they are sampled: a piece per token (a byte that ends no UTF-8 character yet gives ""), so
+    a caller can print it as it comes and keep it on Ctrl-C; "".join() gives the whole text.
+    `use_devices`: the mesh over only the first N devices (see session.prepare)."""
     check_options(tokens, temperature, top_k, prompt)
     found = evaluate_lib.find_checkpoint(Path(path))
     recipe = evaluate_lib.checkpoint_recipe(found, mesh=mesh, devices=devices)

@@ -84,7 +84,7 @@ def test_text_defaults_to_the_standard_library_sources():
     assert head == first
 
 
-def test_tfds_text_by_name_reads_its_splits_bytes(tmp_path):
+def test_tfds_text_by_name_reads_its_splits_bytes(tmp_path, cpu8):
     """`data.name: tiny_shakespeare` (TFDS; here its mock data, no network): the training
     tokens are the train split's text, the evaluation tokens validation+test's."""
     import tensorflow_datasets as tfds
@@ -260,8 +260,10 @@ def test_generate_greedy_is_the_same_on_any_mesh_and_sampling_follows_the_seed(l
     out, _ = lm_run
     # (trained on batch=8) on 1 device, and tensor-parallel on model=4
     greedy = [
-        generate.generate(
-            out, "ROMEO:", 24, temperature=0, mesh=mesh, devices="cpu:8", use_devices=n
+        "".join(
+            generate.stream(
+                out, "ROMEO:", 24, temperature=0, mesh=mesh, devices="cpu:8", use_devices=n
+            )
         )
         for mesh, n in (("batch=1", 1), ("model=4", 4))
     ]
