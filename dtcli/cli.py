@@ -2,7 +2,8 @@
 
 TensorFlow is imported only inside commands that need it, so `dtcli --help` and `dtcli plot`
 answer at once. Every failure ends in one `error:` line: bad input exits 2, a fault after training
-started 1, Ctrl-C 130; `--debug` (or DTCLI_DEBUG=1) adds the full traceback.
+started 1, Ctrl-C 130, SIGTERM (a scheduler's preemption: checkpoint written) 143; `--debug` (or
+DTCLI_DEBUG=1) adds the full traceback.
 """
 
 from __future__ import annotations
@@ -19,13 +20,39 @@ app = typer.Typer(
     help="Train neural networks on TensorFlow DTensor meshes from a YAML recipe.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # --install-completion / --show-completion for bash, zsh, fish and PowerShell.
+    add_completion=True,
 )
 DEBUG_ENV = "DTCLI_DEBUG"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import platform
+        from importlib import metadata
+
+        from dtcli import __version__
+
+        parts = []
+        for dist in ("tensorflow", "tf-keras"):  # read from metadata: no TensorFlow import
+            try:
+                parts.append(f"{dist} {metadata.version(dist)}")
+            except metadata.PackageNotFoundError:
+                parts.append(f"{dist} not installed")
+        parts.append(f"python {platform.python_version()}")
+        print(f"dtcli {__version__} ({', '.join(parts)})")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print dtcli's version (and TensorFlow's, tf-keras', Python's) and exit.",
+    ),
     debug: bool = typer.Option(
         False,
         "--debug",
@@ -77,6 +104,13 @@ def train(
         "(default: DTENSOR_JOBS; the client count is the length of the list).",
     ),
     connect_timeout: float = ConnectTimeoutOption,
+    grace_period: float = typer.Option(
+        30.0,
+        "--grace-period",
+        help="Seconds from a SIGTERM (a scheduler's preemption notice) to exit: the run saves "
+        "at the end of the current step and exits 143; if that takes longer, it exits 143 "
+        "then and the last complete checkpoint stands.",
+    ),
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
     from dtcli import cluster as cluster_lib
@@ -84,6 +118,8 @@ def train(
 
     cluster = cluster_lib.from_args(client_id, jobs)
     _check_timeout(connect_timeout)
+    if not grace_period > 0:
+        raise UsageError(f"--grace-period {grace_period:g}: expected a positive number of seconds")
 
     if resume is not None:
         if recipe is not None or out is not None:
@@ -113,10 +149,11 @@ def train(
             progress=not no_progress,
             cluster=cluster,
             connect_timeout=connect_timeout,
+            grace=grace_period,
         )
     except train_lib.Interrupted as exc:
         print(str(exc), file=sys.stderr)
-        raise typer.Exit(130) from None
+        raise typer.Exit(exc.exit_code) from None
     if os.environ.get("DTCLI_LAUNCHED") != "1" and (cluster is None or cluster.is_chief):
         print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
 
@@ -273,6 +310,35 @@ def plan(
     from rich.console import Console
 
     plan_lib.render(report, Console(soft_wrap=True))
+
+
+@app.command()
+def config(
+    recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
+    sets: list[str] | None = SetOption,
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    schema: bool = typer.Option(
+        False,
+        "--schema",
+        help="Print the recipes' JSON schema instead (a RECIPE given is checked first).",
+    ),
+) -> None:
+    """Print the resolved recipe (bases merged, ${VAR}s filled, overrides and defaults applied)."""
+    from dtcli import recipe as recipe_lib
+
+    if recipe is None and not schema:
+        raise UsageError("RECIPE: give a recipe file (or --schema)")
+    if recipe is not None:  # with --schema too: the recipe is checked against it first
+        loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices)
+    elif sets or mesh or devices:
+        raise UsageError("--set, --mesh and --devices need a RECIPE")
+    if schema:
+        import json
+
+        print(json.dumps(recipe_lib.schema(), indent=2))
+        return
+    sys.stdout.write(recipe_lib.dump(loaded))
 
 
 @app.command()

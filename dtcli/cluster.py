@@ -1,8 +1,9 @@
 """The multi-client cluster: who this client is, where the others are, and a preflight handshake.
 
 DTensor's own multi-client runtime does the work (one process per host, gRPC between them); this
-module only describes it (`--client-id`/`--jobs` or DTensor's `DTENSOR_*` variables) and checks it
-before TensorFlow starts. Without the check, a missing peer, a wrong address or a port held by a
+module only describes it (`--client-id`/`--jobs`, DTensor's `DTENSOR_*` variables, or what a
+scheduler hands each worker: `TF_CONFIG`, SLURM's `srun` variables) and checks it before
+TensorFlow starts. Without the check, a missing peer, a wrong address or a port held by a
 stale process makes `initialize_accelerator_system` wait forever or fail with a bare
 "Could not start gRPC server".
 
@@ -23,6 +24,7 @@ import re
 import socket
 import threading
 import time
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,14 +71,27 @@ def _split_address(text: str, where: str) -> tuple[str, int]:
     return host, int(port)
 
 
+ENV_TF_CONFIG = "TF_CONFIG"
+ENV_PORT = "DTCLI_PORT"
+# The first job port of a SLURM step (client i on a node uses PORT + its local task id).
+DEFAULT_PORT = 23456
+
+
 def from_args(
-    client_id: int | None, jobs: str | None, environ: dict[str, str] | None = None
+    client_id: int | None, jobs: str | None, environ: typing.Mapping[str, str] | None = None
 ) -> Cluster | None:
-    """The cluster from `--client-id`/`--jobs`, else from DTensor's variables; None: one process.
+    """The cluster from `--client-id`/`--jobs`, else DTensor's variables, else a scheduler's
+    (`TF_CONFIG` of Kubeflow/Vertex AI, then SLURM's `srun`); None: one process.
 
     The client count is the length of the jobs list (DTensor dropped DTENSOR_NUM_CLIENTS).
     """
     env = os.environ if environ is None else environ
+    if jobs is None and client_id is None and not env.get(ENV_JOBS):
+        found = from_tf_config(env)
+        if found is None:
+            found = from_slurm(env)
+        if found is not None:
+            return found if found.num_clients > 1 else None
     jobs_where = "--jobs" if jobs is not None else ENV_JOBS
     id_where = "--client-id" if client_id is not None else ENV_CLIENT_ID
     if jobs is None:
@@ -87,13 +102,7 @@ def from_args(
                 f"--client-id: also give --jobs host:port,host:port,... (or {ENV_JOBS})"
             )
         return None
-    entries = tuple(j.strip() for j in jobs.split(",") if j.strip())
-    if not entries:
-        raise UsageError(f"{jobs_where}: expected host:port,host:port,..., got {jobs!r}")
-    for entry in entries:
-        _split_address(entry, jobs_where)
-    if len(set(entries)) != len(entries):
-        raise UsageError(f"{jobs_where}: an address appears twice in {jobs!r}")
+    entries = _entries(jobs, jobs_where)
     if client_id is None:
         text = env.get(ENV_CLIENT_ID)
         if text is None:
@@ -110,6 +119,172 @@ def from_args(
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", job_name):
         raise UsageError(f"{ENV_JOB_NAME}: not a usable job name, got {job_name!r}")
     return Cluster(client_id, entries, job_name, where=jobs_where)
+
+
+def _entries(jobs: str | list[str], where: str) -> tuple[str, ...]:
+    items = jobs.split(",") if isinstance(jobs, str) else jobs
+    entries = tuple(j.strip() for j in items if j.strip())
+    if not entries:
+        raise UsageError(f"{where}: expected host:port,host:port,..., got {jobs!r}")
+    for entry in entries:
+        _split_address(entry, where)
+    if len(set(entries)) != len(entries):
+        raise UsageError(f"{where}: an address appears twice in {','.join(entries)!r}")
+    return entries
+
+
+def from_tf_config(environ: typing.Mapping[str, str]) -> Cluster | None:
+    """The cluster of a Kubeflow TFJob / Vertex AI worker pool from `TF_CONFIG`, numbered as
+    TensorFlow maps it to DTensor's clients: the chief first, then the workers in order."""
+    text = environ.get(ENV_TF_CONFIG, "").strip()
+    if not text:
+        return None
+    where = ENV_TF_CONFIG
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError:
+        raise UsageError(f"{where}: not valid JSON ({text[:60]!r})") from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise UsageError(
+            f'{where}: expected {{"cluster": {{"chief": [...], "worker": [...]}}, '
+            f'"task": {{"type": ..., "index": ...}}}}, got {text[:80]!r}'
+        )
+    others = sorted(set(cluster) - {"chief", "worker", "evaluator"})
+    if others:
+        raise UsageError(
+            f"{where}: cluster job {others[0]!r} is not something DTensor runs (it has no "
+            "parameter servers); dtcli trains with 'chief' and 'worker' tasks"
+        )
+    jobs: list[str] = []
+    for kind in ("chief", "worker"):
+        addresses = cluster.get(kind, [])
+        if isinstance(addresses, dict):  # {index: address}, TensorFlow's sparse form
+            addresses = [addresses[k] for k in sorted(addresses, key=int)]
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise UsageError(f"{where}: cluster.{kind}: expected a list of host:port strings")
+        if kind == "chief" and len(addresses) > 1:
+            raise UsageError(f"{where}: cluster.chief: expected one address, got {len(addresses)}")
+        jobs += addresses
+    if not jobs:
+        raise UsageError(f"{where}: the cluster has no 'chief' or 'worker' task")
+    entries = _entries(jobs, f"{where} cluster")
+    kind, index = task.get("type"), task.get("index", 0)
+    if kind == "evaluator":
+        raise UsageError(
+            f"{where}: task type 'evaluator' is not a training client; dtcli trains on the "
+            "chief and workers (evaluate their checkpoints with dtcli eval)"
+        )
+    if kind not in ("chief", "worker") or not isinstance(index, int) or isinstance(index, bool):
+        raise UsageError(
+            f"{where}: task: expected type 'chief' or 'worker' and an integer index, got {task!r}"
+        )
+    chiefs = len(cluster.get("chief") or [])
+    client = index if kind == "chief" else chiefs + index
+    count = len(cluster.get(kind) or [])
+    if not 0 <= index < count:
+        raise UsageError(f"{where}: task {kind} {index}: the cluster has {count} {kind} task(s)")
+    return Cluster(client, entries, DEFAULT_JOB_NAME, where=where)
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """SLURM's compressed host list: "node[01-03,07],gpu-a[1-2]" -> node01 node02 node03 node07
+    gpu-a1 gpu-a2 (zero padding kept; several bracket groups in a name multiply)."""
+    names: list[str] = []
+    for item in _split_top(text.strip()):
+        names += _expand_one(item, text)
+    return names
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at the commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_one(item: str, text: str) -> list[str]:
+    found = re.search(r"\[([^\[\]]*)\]", item)
+    if found is None:
+        if "[" in item or "]" in item:
+            raise UsageError(f"SLURM node list: unbalanced brackets in {text!r}")
+        return [item]
+    head, tail = item[: found.start()], item[found.end() :]
+    out: list[str] = []
+    for part in found.group(1).split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise UsageError(f"SLURM node list: expected ranges like [01-04,07], got {text!r}")
+        width = len(low)
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first:
+            raise UsageError(f"SLURM node list: descending range {part!r} in {text!r}")
+        for n in range(first, last + 1):
+            out += _expand_one(f"{head}{n:0{width}d}{tail}", text)
+    return out
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """SLURM's tasks per node: "2(x3),1" -> [2, 2, 2, 1]."""
+    out: list[int] = []
+    for part in text.split(","):
+        found = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if found is None:
+            raise UsageError(f"SLURM tasks per node: expected like 2(x3),1, got {text!r}")
+        out += [int(found.group(1))] * int(found.group(2) or 1)
+    return out
+
+
+def from_slurm(environ: typing.Mapping[str, str]) -> Cluster | None:
+    """The cluster of an `srun` step: SLURM_PROCID is the client id, the step's node list and
+    tasks per node give the addresses (client i on a node uses DTCLI_PORT + its local id).
+
+    Only inside an srun step (SLURM_STEP_NUM_TASKS set): the batch script itself also carries
+    SLURM_PROCID=0 and the job's task count, and would wait for peers nobody starts."""
+    if "SLURM_STEP_NUM_TASKS" not in environ or "SLURM_PROCID" not in environ:
+        return None
+
+    def need(*names: str) -> str:
+        for name in names:
+            if environ.get(name, "").strip():
+                return environ[name].strip()
+        raise UsageError(f"SLURM: {names[0]} is not set (dtcli reads the srun step's variables)")
+
+    ntasks_text = need("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    procid_text = need("SLURM_PROCID")
+    for name, value in (("SLURM_STEP_NUM_TASKS", ntasks_text), ("SLURM_PROCID", procid_text)):
+        if not value.isdigit():
+            raise UsageError(f"SLURM: {name}: expected an integer, got {value!r}")
+    ntasks, procid = int(ntasks_text), int(procid_text)
+    if ntasks <= 1:
+        return Cluster(0, ("localhost:0",), where="SLURM")  # one task: one process
+    nodes = expand_nodelist(need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"))
+    per_node = expand_tasks_per_node(need("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
+    if len(per_node) != len(nodes) or sum(per_node) != ntasks:
+        raise UsageError(
+            f"SLURM: the node list has {len(nodes)} node(s) and tasks per node {per_node} "
+            f"for {ntasks} tasks; they disagree"
+        )
+    port_text = environ.get(ENV_PORT, str(DEFAULT_PORT)).strip()
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536 - max(per_node):
+        raise UsageError(f"{ENV_PORT}: expected a port number, got {port_text!r}")
+    port = int(port_text)
+    # srun's default (block) distribution numbers the tasks node by node.
+    jobs = tuple(f"{node}:{port + local}" for node, k in zip(nodes, per_node) for local in range(k))
+    if not 0 <= procid < ntasks:
+        raise UsageError(f"SLURM: SLURM_PROCID {procid}: expected 0 to {ntasks - 1}")
+    return Cluster(procid, jobs, DEFAULT_JOB_NAME, where="SLURM")
 
 
 def export_env(cluster: Cluster) -> None:

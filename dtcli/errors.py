@@ -16,3 +16,11 @@ class TrainingError(Exception):
     """Training stopped for a reason the user must act on (a non-finite loss). Exit code 1."""
 
     exit_code = 1
+
+
+# Exit codes a script or scheduler can act on (1: training fault, 2: bad input).
+INTERRUPTED_EXIT = 130  # Ctrl-C: a checkpoint of the current step was written
+# SIGTERM (a scheduler's preemption notice): a checkpoint of the current step was written, or
+# the grace period ran out and the last complete one stands; requeue and resume. 128 + 15, the
+# code a shell reports for SIGTERM, which Kubeflow's ExitCode restart policy treats as retryable.
+PREEMPTED_EXIT = 143

@@ -11,6 +11,7 @@ sampling draws from a host RNG seeded with --seed, so a seed gives the same text
 from __future__ import annotations
 
 import codecs
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,9 +65,13 @@ def stream(
     from tensorflow.experimental import dtensor
 
     from dtcli import session as session_lib
-    from dtcli.layout import replicated
+    from dtcli.layout import layout_warnings, replicated
 
     session = session_lib.prepare(recipe, splits=(), use_devices=use_devices)
+    rules = recipe.layouts.rules
+    # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
+    for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     ckpt = ckpt_lib.Checkpointer(found.parent, {"model": session.model.module}, keep=1)
     ckpt.restore(found, session.model.weights, partial=True)
     context = session.data.input_shape[0]

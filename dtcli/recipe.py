@@ -876,9 +876,8 @@ def _resolve(recipe: Recipe) -> Recipe:
     return dataclasses.replace(recipe, data=d, train=t)
 
 
-def read_raw(path: str | Path) -> dict:
-    """Read a recipe file as a raw mapping (no validation yet)."""
-    p = Path(path)
+def _read_file(p: Path) -> dict:
+    """One recipe file as a raw mapping, exactly as written (no base, no ${VAR} yet)."""
     if not p.is_file():
         raise UsageError(f"recipe {str(p)!r}: no such file")
     try:
@@ -908,6 +907,105 @@ def read_raw(path: str | Path) -> dict:
     return raw
 
 
+# ${NAME} or ${NAME:-default}; $${ writes a literal ${.
+_ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^}]*\}?")
+
+
+def _interpolate(value: Any, path: str, where: str, environ: typing.Mapping[str, str]) -> Any:
+    """Replace ${NAME} / ${NAME:-default} in the string values of a raw recipe. A value that is
+    one reference and nothing else is read as YAML (`batch_size: ${BATCH}` gives an integer)."""
+    if isinstance(value, dict):
+        return {
+            k: _interpolate(v, f"{path}.{k}" if path else str(k), where, environ)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]", where, environ) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def substitute(match: re.Match) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, default = match.group(1), match.group(2)
+        if name is None:
+            raise UsageError(
+                f"recipe {where}: key '{path}': {match.group(0)!r} is not a variable reference; "
+                "expected ${NAME} or ${NAME:-default} (write $${ for a literal ${)"
+            )
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise UsageError(
+            f"recipe {where}: key '{path}': environment variable {name} is not set "
+            f"(set it, or give a default: ${{{name}:-VALUE}})"
+        )
+
+    text = _ENV_REF.sub(substitute, value)
+    whole = _ENV_REF.fullmatch(value)
+    if whole is not None and whole.group(1) is not None:
+        try:
+            parsed = _load_yaml(text) if text.strip() else None
+        except (yaml.YAMLError, _DuplicateKey, ValueError, OverflowError):
+            return text
+        # Only scalars: a variable holding "{a: 1}" stays a string, not a new subtree.
+        return parsed if not isinstance(parsed, (dict, list)) else text
+    return text
+
+
+# Mappings whose order means something (axis order, first matching rule) are replaced whole.
+_REPLACED_WHOLE = {"mesh", "layouts.rules"}
+
+
+def _merge(base: dict, child: dict, path: str = "") -> dict:
+    """The child's keys over the base's: mappings merge key by key (except the ordered ones),
+    anything else is replaced."""
+    out = dict(base)
+    for key, value in child.items():
+        name = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            if name not in _REPLACED_WHOLE:
+                value = _merge(out[key], value, name)
+        out[key] = value
+    return out
+
+
+def read_raw(
+    path: str | Path,
+    environ: typing.Mapping[str, str] | None = None,
+    _chain: tuple[Path, ...] = (),
+) -> dict:
+    """Read a recipe file as a raw mapping (no validation yet): its `base:` files merged under
+    it (a base path is relative to the file naming it), then ${NAME} references filled from
+    the environment."""
+    env = os.environ if environ is None else environ
+    p = Path(path)
+    raw = _read_file(p)
+    where = repr(str(p))
+    raw = _interpolate(raw, "", where, env)
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("build") and "build_path" not in model:
+        # model.build names a module next to the file that names it (a base's own folder).
+        model["build_path"] = str(p.resolve().parent)
+    if "base" not in raw:
+        return raw
+    base = raw.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise UsageError(
+            f"recipe {where}: key 'base': expected the path of another recipe file, got {base!r}"
+        )
+    base_path = Path(base) if Path(base).is_absolute() else p.parent / base
+    here = p.resolve()
+    chain = (*_chain, here)
+    if base_path.resolve() in chain:
+        names = " -> ".join(str(c.name) for c in (*chain, base_path.resolve()))
+        raise UsageError(f"recipe {where}: key 'base': the base chain loops ({names})")
+    if not base_path.is_file():
+        raise UsageError(f"recipe {where}: key 'base': no such file {str(base_path)!r}")
+    return _merge(read_raw(base_path, env, chain), raw)
+
+
 def load(
     path: str | Path | dict,
     sets: list[str] | tuple[str, ...] = (),
@@ -921,6 +1019,7 @@ def load(
         apply_set(raw, assignment)
     model = raw.get("model")
     if not isinstance(path, dict) and isinstance(model, dict) and model.get("build"):
+        # A --set model.build=... names a module next to the recipe given.
         model.setdefault("build_path", str(Path(path).resolve().parent))
     if mesh is not None:
         raw["mesh"] = _with_layout_axes(parse_mesh_arg(mesh), raw.get("layouts"))
@@ -958,7 +1057,90 @@ def to_mapping(recipe: Recipe) -> dict:
 
 
 def dump(recipe: Recipe) -> str:
-    return yaml.safe_dump(to_mapping(recipe), sort_keys=False)
+    """The recipe as YAML that loads back to the same recipe (a literal ${ is written $${)."""
+
+    def escape(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: escape(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [escape(v) for v in value]
+        return value.replace("${", "$${") if isinstance(value, str) else value
+
+    return yaml.safe_dump(escape(to_mapping(recipe)), sort_keys=False)
+
+
+def _type_schema(tp: Any) -> dict[str, Any]:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return {}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        # YAML 1.1 reads 1e-3 as a string; the loader accepts any string float() parses.
+        return {"anyOf": [{"type": "number"}, {"type": "string", "pattern": _FLOAT_PATTERN}]}
+    if tp is str:
+        return {"type": "string"}
+    if origin is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        options = [_type_schema(a) for a in inner] + [{"type": "null"}]
+        return {"anyOf": options}
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": _type_schema(args[0])}
+        return {
+            "type": "array",
+            "prefixItems": [_type_schema(a) for a in args],
+            "minItems": len(args),
+            "maxItems": len(args),
+        }
+    if origin is list:
+        return {"type": "array", "items": _type_schema(typing.get_args(tp)[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _type_schema(typing.get_args(tp)[1])}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        instance = tp()
+        properties = {}
+        for f in dataclasses.fields(tp):
+            prop = _type_schema(hints[f.name])
+            default = getattr(instance, f.name)
+            if not dataclasses.is_dataclass(default):
+                prop["default"] = _plain(default)
+            properties[f.name] = prop
+        return {"type": "object", "properties": properties, "additionalProperties": False}
+    raise TypeError(f"unsupported recipe type {tp!r}")  # a bug in this module
+
+
+_FLOAT_PATTERN = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def schema() -> dict[str, Any]:
+    """The recipe's JSON schema (draft 2020-12), for editors and for checking recipes elsewhere.
+    The loader checks more than types (mesh arithmetic, ranges); `dtcli config` runs all of it."""
+    out = _type_schema(Recipe)
+    out["properties"]["base"] = {
+        "type": "string",
+        "description": "Another recipe file this one extends (relative to this file); "
+        "mappings merge key by key, other values are replaced.",
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "dtcli recipe",
+        **out,
+    }
 
 
 def fingerprint(recipe: Recipe) -> str:

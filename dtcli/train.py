@@ -15,6 +15,7 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir
-from dtcli.errors import TrainingError, UsageError
+from dtcli.errors import INTERRUPTED_EXIT, PREEMPTED_EXIT, TrainingError, UsageError
 from dtcli.recipe import Recipe
 from dtcli.session import (
     EpochState,
@@ -42,6 +43,9 @@ from dtcli.session import (
     prepare,
     run_epoch,
 )
+
+# Seconds between a SIGTERM and this process' exit (schedulers send SIGKILL after their own).
+DEFAULT_GRACE = 30.0
 
 
 def _versions() -> dict[str, str]:
@@ -122,6 +126,7 @@ def train(
     progress: bool = True,
     cluster: cluster_lib.Cluster | None = None,
     connect_timeout: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT,
+    grace: float = DEFAULT_GRACE,
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
@@ -177,7 +182,7 @@ def train(
             chosen, latest = _agree(cluster, run.path, latest, out is not None)
             if not chief:
                 run = rundir.unlocked(chosen)
-        result = _train(recipe, run, latest, console, progress, cluster, chief)
+        result = _train(recipe, run, latest, console, progress, cluster, chief, grace)
     except BaseException:
         if chief:
             run.abandon()
@@ -195,6 +200,7 @@ def _train(
     progress: bool,
     cluster: cluster_lib.Cluster | None,
     chief: bool,
+    grace: float = DEFAULT_GRACE,
 ) -> RunResult:
     from dtcli import checkpoint as ckpt_lib
     from dtcli import metrics as metrics_lib
@@ -244,7 +250,7 @@ def _train(
     # Ctrl-C in a multi-client run: stopping after "the current step" would leave the clients at
     # different steps, waiting on each other's collectives for good. The first Ctrl-C interrupts
     # at once instead (dtcli launch stops every client).
-    stopper = _StopOnSigint() if cluster is None else contextlib.nullcontext()
+    stopper = _StopOnSignal(grace) if cluster is None else contextlib.nullcontext()
     before = len(history)
     try:
         with stopper as stop, _peer_failures(cluster, checkpointer):
@@ -372,48 +378,78 @@ def _peer_failures(cluster: cluster_lib.Cluster | None, checkpointer: Any) -> It
         ) from None
 
 
-class _StopOnSigint:
-    """The first Ctrl-C asks the loop to stop after the current step (it then checkpoints);
-    a second one interrupts at once."""
+class _StopOnSignal:
+    """The first Ctrl-C (SIGINT) or SIGTERM asks the loop to stop after the current call (it
+    then checkpoints); a second Ctrl-C interrupts at once. SIGTERM is a scheduler's preemption
+    notice: after `grace` seconds the process exits whatever it is doing (the scheduler's
+    SIGKILL would come next), leaving the last complete checkpoint."""
 
-    def __init__(self):
+    def __init__(self, grace: float = DEFAULT_GRACE):
         self.requested = False
+        self.signal_name = ""
+        self.grace = grace
+        self._timer: Any = None
 
     def __call__(self) -> bool:
         return self.requested
 
-    def __enter__(self) -> _StopOnSigint:
+    def __enter__(self) -> _StopOnSignal:
         import signal
         import threading
 
-        self._previous = None
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
         import signal
+        import threading
 
+        if signum == signal.SIGTERM:
+            if not self.requested:
+                self.requested, self.signal_name = True, "SIGTERM"
+            if self._timer is None:
+                self._timer = threading.Timer(self.grace, self._out_of_time)
+                self._timer.daemon = True
+                self._timer.start()
+            return
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signal_name = True, "SIGINT"
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _out_of_time(self) -> None:
+        # The current call (or the save) outlasted the grace period: go now, as the scheduler
+        # would. A half-written checkpoint is never committed, so the last complete one stands.
+        print(
+            f"error: preempted (SIGTERM) and the grace period of {self.grace:g} s ran out "
+            "before the current step ended; the last complete checkpoint stands",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(PREEMPTED_EXIT)
 
     def __exit__(self, *exc: Any) -> None:
         import signal
 
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class Interrupted(Exception):
-    """Ctrl-C: a checkpoint was written at the current step."""
+    """Ctrl-C or SIGTERM: a checkpoint was written at the current step."""
 
-    exit_code = 130
-
-    def __init__(self, checkpoint: Path | None, run_dir: Path, saved: bool = True):
+    def __init__(
+        self, checkpoint: Path | None, run_dir: Path, saved: bool = True, preempted: bool = False
+    ):
         what = f"saved {checkpoint}" if saved else f"nothing new to save (last: {checkpoint})"
-        super().__init__(f"interrupted; {what}; resume with: dtcli train --resume {run_dir}")
+        head = "preempted (SIGTERM)" if preempted else "interrupted"
+        self.exit_code = PREEMPTED_EXIT if preempted else INTERRUPTED_EXIT
+        super().__init__(f"{head}; {what}; resume with: dtcli train --resume {run_dir}")
 
 
 def _loop(
@@ -443,15 +479,17 @@ def _loop(
             on_first_step()
 
     def interrupt(state: EpochState) -> None:
-        """Ctrl-C: save where the run is (unless a checkpoint of this step exists) and stop."""
+        """Ctrl-C or SIGTERM: save where the run is (unless a checkpoint of this step exists)
+        and stop."""
         step = int(session.optimizer.iterations.numpy())
         run_dir = checkpointer.folder.parent
         latest = checkpointer.latest()
+        preempted = getattr(stop, "signal_name", "") == "SIGTERM"
         if not trained:  # nothing new since the checkpoint this run resumed from
-            raise Interrupted(latest, run_dir, saved=False)
+            raise Interrupted(latest, run_dir, saved=False, preempted=preempted)
         if latest is None or latest.name != f"ckpt-{step:08d}":
             latest = checkpointer.save(step, _meta(session, step, state))
-        raise Interrupted(latest, run_dir)
+        raise Interrupted(latest, run_dir, preempted=preempted)
 
     while state.epoch < cfg.epochs:
         # Checked here too: with K >= the steps of an epoch, an epoch is one call, and a Ctrl-C

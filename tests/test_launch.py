@@ -76,6 +76,109 @@ def test_cluster_from_flags_and_from_dtensor_variables():
     assert c.jobs == ("a:1", "b:2")
 
 
+def test_cluster_from_tf_config_numbers_the_chief_first():
+    cfg = {
+        "cluster": {"chief": ["c:1"], "worker": ["w0:2", "w1:3"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    c = cluster_lib.from_args(None, None, environ={"TF_CONFIG": json.dumps(cfg)})
+    assert (c.client_id, c.jobs, c.job_name, c.where) == (
+        2,
+        ("c:1", "w0:2", "w1:3"),
+        "worker",
+        "TF_CONFIG",
+    )
+    cfg["task"] = {"type": "chief", "index": 0}
+    assert cluster_lib.from_args(None, None, environ={"TF_CONFIG": json.dumps(cfg)}).client_id == 0
+    # workers only (no chief): worker 0 is client 0; an evaluator task in the cluster is ignored
+    cfg = {
+        "cluster": {"worker": ["a:1", "b:1"], "evaluator": ["e:1"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    assert cluster_lib.from_args(None, None, environ={"TF_CONFIG": json.dumps(cfg)}).client_id == 1
+    # one task: one process, no cluster
+    cfg = {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}
+    assert cluster_lib.from_args(None, None, environ={"TF_CONFIG": json.dumps(cfg)}) is None
+    # --jobs and DTENSOR_JOBS come first
+    both = {"TF_CONFIG": json.dumps(cfg), "DTENSOR_JOBS": "x:1,y:1", "DTENSOR_CLIENT_ID": "1"}
+    assert cluster_lib.from_args(None, None, environ=both).where == "DTENSOR_JOBS"
+
+
+@pytest.mark.parametrize(
+    "tf_config, message",
+    [
+        ("{nope", "TF_CONFIG: not valid JSON"),
+        ('{"cluster": {"worker": ["a:1"]}}', "TF_CONFIG: expected {"),
+        (
+            '{"cluster": {"ps": ["p:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}',
+            "cluster job 'ps' is not something DTensor runs",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}}',
+            "task worker 2: the cluster has 2 worker task",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "evaluator", "index": 0}}',
+            "task type 'evaluator' is not a training client",
+        ),
+        (
+            '{"cluster": {"worker": ["a", "b:1"]}, "task": {"type": "worker", "index": 0}}',
+            "expected host:port entries, got 'a'",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}',
+            "an address appears twice",
+        ),
+    ],
+)
+def test_tf_config_bad_input(tf_config, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        cluster_lib.from_args(None, None, environ={"TF_CONFIG": tf_config})
+
+
+def test_slurm_node_list_and_tasks_per_node_expand():
+    assert cluster_lib.expand_nodelist("node[01-03,07],gpu-a[8-10],login") == [
+        "node01", "node02", "node03", "node07", "gpu-a8", "gpu-a9", "gpu-a10", "login"
+    ]  # fmt: skip
+    assert cluster_lib.expand_nodelist("r[1-2]-n[0-1]") == ["r1-n0", "r1-n1", "r2-n0", "r2-n1"]
+    assert cluster_lib.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    for bad in ("node[01-", "node[a-b]", "node[3-1]"):
+        with pytest.raises(UsageError, match="SLURM node list"):
+            cluster_lib.expand_nodelist(bad)
+    with pytest.raises(UsageError, match="SLURM tasks per node"):
+        cluster_lib.expand_tasks_per_node("2(3)")
+
+
+def slurm_env(**extra: str) -> dict[str, str]:
+    return {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        **extra,
+    }
+
+
+def test_cluster_from_slurm_step_variables():
+    c = cluster_lib.from_args(None, None, environ=slurm_env())
+    assert c.client_id == 3 and c.where == "SLURM"
+    assert c.jobs == ("gpu07:23456", "gpu07:23457", "gpu08:23456", "gpu08:23457")
+    c = cluster_lib.from_args(None, None, environ=slurm_env(DTCLI_PORT="9000", SLURM_PROCID="0"))
+    assert c.client_id == 0 and c.jobs[1] == "gpu07:9001"
+    # the batch script itself (no srun step) and a one-task step are one process
+    batch = {k: v for k, v in slurm_env().items() if not k.startswith("SLURM_STEP")}
+    assert cluster_lib.from_args(None, None, environ=batch) is None
+    assert cluster_lib.from_args(None, None, environ=slurm_env(SLURM_STEP_NUM_TASKS="1")) is None
+    with pytest.raises(
+        UsageError,
+        match=r"SLURM: the node list has 2 node\(s\) and tasks per node \[2, 1\] for 4 tasks",
+    ):
+        cluster_lib.from_args(None, None, environ=slurm_env(SLURM_STEP_TASKS_PER_NODE="2,1"))
+    with pytest.raises(UsageError, match="DTCLI_PORT: expected a port number"):
+        cluster_lib.from_args(None, None, environ=slurm_env(DTCLI_PORT="http"))
+
+
 @pytest.mark.parametrize(
     "client_id, jobs, environ, message",
     [
@@ -275,6 +378,62 @@ def test_two_clients_match_one_process(launched, single_run):
     assert not [x for x in proc.stderr.splitlines() if x.startswith("[client 1]")]
     assert "over cpu:8 (2 clients x 4)" in proc.stderr
     assert proc.stderr.count(str(out)) == 1  # the run directory, named once (and on stdout)
+
+
+@pytest.mark.slow
+def test_clients_found_by_tf_config_and_by_slurm_match_one_process(tmp_path, single_run):
+    """Two `dtcli train RECIPE` processes given no dtcli flag and no DTENSOR_* variable: client 0
+    learns who it is from a TFJob's TF_CONFIG (the chief), client 1 from an srun step's SLURM
+    variables (task 1 of 2 on one node). Both describe the same two addresses, so they form one
+    run (the preflight compares the jobs lists) and train to the one-process numbers."""
+    port = free_port()
+    while True:  # SLURM's addresses are PORT and PORT+1 on the node
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                port = free_port()
+    tf_config = {
+        "cluster": {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]},
+        "task": {"type": "chief", "index": 0},
+    }
+    slurm = {
+        "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": "2",
+        "DTCLI_PORT": str(port),
+    }  # fmt: skip
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "dtcli", "train", QUICK, "--epochs", EPOCHS, "--out", str(out)]
+    args += ["--no-progress", "--connect-timeout", "60"]
+    base = {k: v for k, v in env().items() if not k.startswith(("DTENSOR_", "SLURM_", "TF_CONFIG"))}
+    procs = [
+        subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env={**base, **extra},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        for extra in ({"TF_CONFIG": json.dumps(tf_config)}, slurm)
+    ]
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    assert "over cpu:8 (2 clients x 4)" in results[0][1]
+    a = metrics.read(out / "metrics.jsonl")
+    b = metrics.read(single_run / "metrics.jsonl")
+    assert [r["epoch"] for r in a] == [1, 2, 3]
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "train_accuracy"):
+        assert a[-1][key] == pytest.approx(b[-1][key], rel=1e-4), key
 
 
 @pytest.mark.slow

@@ -147,3 +147,161 @@ def test_dump_round_trips():
 
     again = R.from_mapping(yaml.safe_load(R.dump(r)))
     assert again == r
+
+
+# --------------------------------------------------------------------------- base, ${VAR}, config
+
+
+def write(folder, name: str, text: str):
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_base_merges_mappings_key_by_key_and_replaces_the_rest(tmp_path):
+    write(tmp_path, "common/base.yaml", (RECIPES / "quickstart.yaml").read_text())
+    child = write(
+        tmp_path,
+        "exp/child.yaml",
+        "base: ../common/base.yaml\nname: child\nmesh: {batch: 8}\n"
+        "optimizer: {learning_rate: 0.01}\nlayouts: {rules: {}}\n",
+    )
+    r = R.load(child)
+    base = R.load(RECIPES / "quickstart.yaml")
+    assert r.name == "child"
+    # Ordered mappings are replaced whole: the axes (their order matters) and the rules (the
+    # first match wins); the base's model axis and rules are gone.
+    assert r.mesh == {"batch": 8} and r.layouts.rules == {}
+    assert r.layouts.data_axis == base.layouts.data_axis
+    assert r.optimizer.learning_rate == pytest.approx(0.01)
+    assert r.optimizer.name == base.optimizer.name  # the base's sibling key kept
+    assert r.model == base.model and r.data == base.data and r.train == base.train
+
+
+def test_base_chain_loop_missing_file_and_bad_value_are_one_line_errors(tmp_path):
+    a = write(tmp_path, "a.yaml", "base: b.yaml\n")
+    write(tmp_path, "b.yaml", "base: a.yaml\n")
+    with pytest.raises(
+        UsageError, match=r"key 'base': the base chain loops \(a.yaml -> b.yaml -> a.yaml\)"
+    ):
+        R.load(a)
+    c = write(tmp_path, "c.yaml", "base: nowhere.yaml\n")
+    with pytest.raises(UsageError, match=r"c.yaml'?: key 'base': no such file '.*nowhere.yaml'"):
+        R.load(c)
+    d = write(tmp_path, "d.yaml", "base: [a.yaml]\n")
+    with pytest.raises(UsageError, match=r"key 'base': expected the path of another recipe file"):
+        R.load(d)
+    e = write(tmp_path, "e.yaml", "base: e.yaml\n")
+    with pytest.raises(UsageError, match="loops"):
+        R.load(e)
+
+
+def test_base_model_build_module_resolves_next_to_the_file_naming_it(tmp_path):
+    base = write(tmp_path, "lib/base.yaml", "model: {build: mymodels:make}\n")
+    child = write(tmp_path, "child.yaml", "base: lib/base.yaml\nname: x\n")
+    assert R.read_raw(child)["model"]["build_path"] == str(base.parent.resolve())
+
+
+def test_env_references_fill_from_the_environment_typed_when_whole(tmp_path):
+    path = write(
+        tmp_path,
+        "r.yaml",
+        "name: run-${USER_TAG}\ndata:\n  batch_size: ${BATCH}\n  path: ${DATA_ROOT:-/data}/x\n"
+        "optimizer: {learning_rate: '${LR:-3e-3}'}\nmodel: {build: 'costs$${1}'}\n",
+    )
+    raw = R.read_raw(path, environ={"USER_TAG": "ab", "BATCH": "64"})
+    assert raw["name"] == "run-ab"
+    assert raw["data"]["batch_size"] == 64  # one whole reference: read as YAML, an integer
+    assert raw["data"]["path"] == "/data/x"  # the default
+    assert raw["optimizer"]["learning_rate"] == "3e-3"
+    assert raw["model"]["build"] == "costs${1}"  # $${ is a literal ${
+
+
+def test_env_reference_unset_or_malformed_names_the_key_and_variable(tmp_path):
+    path = write(tmp_path, "r.yaml", "data: {path: '${DATA_ROOT}/train'}\n")
+    with pytest.raises(
+        UsageError, match=r"key 'data.path': environment variable DATA_ROOT is not set"
+    ):
+        R.read_raw(path, environ={})
+    bad = write(tmp_path, "bad.yaml", "layouts: {rules: {x: ['${1model}']}}\n")
+    with pytest.raises(UsageError, match=r"key 'layouts.rules.x\[0\]': '\$\{1model\}' is not a"):
+        R.read_raw(bad, environ={})
+
+
+def test_dump_writes_a_literal_dollar_brace_so_the_resolved_recipe_loads_back(tmp_path):
+    raw = raw_quickstart()
+    raw["data"]["path"] = "a${b}"
+    recipe = R.from_mapping(raw)
+    path = write(tmp_path, "resolved.yaml", R.dump(recipe))
+    assert R.load(path) == recipe
+
+
+def test_config_prints_the_resolved_recipe_and_the_schema(tmp_path):
+    from conftest import run_cli
+
+    write(tmp_path, "base.yaml", (RECIPES / "quickstart.yaml").read_text())
+    child = write(tmp_path, "child.yaml", "base: base.yaml\nname: ${RUN_NAME:-c}\n")
+    res = run_cli("config", child, "--set", "train.epochs=3")
+    assert res.code == 0, res.err
+    printed = R.from_mapping(R._load_yaml(res.out))
+    assert printed.name == "c" and printed.train.epochs == 3
+    assert printed.model == R.load(RECIPES / "quickstart.yaml").model
+
+    res = run_cli("config", RECIPES / "quickstart.yaml", "--schema")
+    assert res.code == 0, res.err
+    import json
+
+    schema = json.loads(res.out)
+    assert schema["additionalProperties"] is False
+    rate = schema["properties"]["optimizer"]["properties"]["learning_rate"]
+    assert rate["default"] == R.OptimizerConfig().learning_rate
+    assert {"type": "number"} in rate["anyOf"]
+    assert schema["properties"]["task"]["enum"] == ["classify", "language_model"]
+
+    res = run_cli("config", tmp_path / "missing.yaml")
+    assert res.code == 2 and res.err.startswith("error: recipe") and "no such file" in res.err
+
+
+def _keys_in_schema(raw: dict, node: dict, path: str) -> list[str]:
+    """Keys of a raw recipe the schema does not describe (a schema out of step with the tree)."""
+    missing = []
+    for key, value in raw.items():
+        props = node.get("properties")
+        if props is None:  # a free mapping (mesh axes, layout rules, model args)
+            continue
+        if key not in props:
+            missing.append(f"{path}{key}")
+            continue
+        child = props[key]
+        options = child.get("anyOf", [child])
+        objects = [o for o in options if o.get("type") == "object"]
+        if isinstance(value, dict) and objects:
+            missing += _keys_in_schema(value, objects[0], f"{path}{key}.")
+    return missing
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_schema_describes_every_key_of_every_shipped_recipe(path):
+    schema = R.schema()
+    resolved = R.to_mapping(R.load(path))
+    assert _keys_in_schema(resolved, schema, "") == []
+    # and refuses what the loader refuses: an unknown key at any level
+    assert schema["properties"]["train"]["additionalProperties"] is False
+
+
+def test_version_and_python_m(tmp_path):
+    import subprocess
+    import sys
+
+    from dtcli import __version__
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "dtcli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"dtcli {__version__} (tensorflow 2.21")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dtcli", "config", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "--schema" in proc.stdout

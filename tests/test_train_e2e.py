@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -245,25 +247,66 @@ def wait_for(condition, proc, timeout=600.0):
     raise AssertionError("timed out waiting")
 
 
-def test_ctrl_c_saves_and_the_run_resumes_to_the_same_end(tmp_path):
+def test_sigterm_saves_exits_143_and_the_run_resumes_to_the_same_end(tmp_path):
+    """A scheduler's preemption notice: the run saves at the end of the current call and exits
+    with the requeue code; the resumed run ends where an uninterrupted one does. (Ctrl-C takes
+    the same path with exit 130: test_stop_on_signal_* below.)"""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train(QUICK, "--epochs", "12", *FOUR_STEPS, "--out", whole)
     # Slow saves (1 s each) keep the run going long enough to interrupt it mid-way.
     proc = start_training(cut, 12, {"DTCLI_TEST_PAUSE_IN_SAVE": "1"})
     try:
         wait_for(lambda: len(rundir.complete_checkpoints(cut)) >= 2, proc)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()  # nothing left running, even when an assert failed
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 143, stderr
+    assert "\npreempted (SIGTERM); saved " in stderr
     assert f"resume with: dtcli train --resume {cut}" in stderr
     assert "Traceback" not in stderr
+    saved = re.search(r"saved (\S+);", stderr).group(1)
+    assert Path(saved) == rundir.complete_checkpoints(cut)[-1]
     train("--resume", cut)
     a, b = metrics.read(whole / "metrics.jsonl"), metrics.read(cut / "metrics.jsonl")
     assert [r["epoch"] for r in b] == list(range(1, 13))
     assert b[-1]["eval_loss"] == pytest.approx(a[-1]["eval_loss"], rel=1e-5)
     assert b[-1]["step"] == a[-1]["step"]
+
+
+def test_stop_on_signal_ctrl_c_twice_interrupts_sigterm_asks_and_exit_codes():
+    from dtcli.train import Interrupted, _StopOnSignal
+
+    stop = _StopOnSignal(grace=60)
+    with stop:
+        assert not stop()
+        stop._handle(signal.SIGINT, None)
+        assert stop() and stop.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C: at once
+            stop._handle(signal.SIGINT, None)
+    stop = _StopOnSignal(grace=60)
+    with stop:
+        stop._handle(signal.SIGTERM, None)
+        stop._handle(signal.SIGTERM, None)  # a repeated notice changes nothing
+        assert stop() and stop.signal_name == "SIGTERM" and stop._timer.is_alive()
+    assert stop._timer.finished.is_set()  # leaving the loop cancels the deadline
+    assert Interrupted(None, Path("r"), preempted=True).exit_code == 143
+    assert Interrupted(None, Path("r")).exit_code == 130
+
+
+def test_sigterm_grace_period_running_out_exits_143_naming_it():
+    code = (
+        "import os, signal, time\n"
+        "from dtcli.train import _StopOnSignal\n"
+        "with _StopOnSignal(grace=0.5):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)  # a call that outlasts the grace period\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert time.monotonic() - start < 20
+    assert "grace period of 0.5 s ran out" in proc.stderr
 
 
 def test_kill_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
