@@ -518,6 +518,13 @@ def _check_task(recipe: Recipe) -> None:
         )
 
 
+def tfds_installed() -> bool:
+    """Whether tensorflow-datasets can be imported (an optional extra), without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow_datasets") is not None
+
+
 def _physical_memory() -> int | None:
     """Bytes of physical memory, or None where the platform does not say."""
     try:
@@ -572,6 +579,18 @@ def _check_data(d: DataConfig) -> None:
                 raise UsageError(f"recipe key 'data.{key}': source {d.source} needs {what}")
     if d.context is not None and d.context < 1:
         raise UsageError(f"recipe key 'data.context': expected an integer >= 1, got {d.context}")
+    tfds_key = (
+        "data.source"
+        if d.source == "tfds"
+        else "data.name"
+        if d.source == "text" and d.path is None and d.name != "digits"
+        else None
+    )
+    if tfds_key is not None and not tfds_installed():
+        raise UsageError(
+            f"recipe key '{tfds_key}': TFDS data sets need the tfds extra, which is not "
+            "installed: pip install 'dtensor-cli[tfds]'"
+        )
     if not 0 < d.eval_fraction < 1:
         raise UsageError(
             f"recipe key 'data.eval_fraction': expected a number in (0, 1), got {d.eval_fraction}"
@@ -911,16 +930,31 @@ def _read_file(p: Path) -> dict:
 _ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^}]*\}?")
 
 
-def _interpolate(value: Any, path: str, where: str, environ: typing.Mapping[str, str]) -> Any:
+def _interpolate(
+    value: Any,
+    path: str,
+    where: str,
+    environ: typing.Mapping[str, str],
+    inside: frozenset[int] = frozenset(),
+) -> Any:
     """Replace ${NAME} / ${NAME:-default} in the string values of a raw recipe. A value that is
     one reference and nothing else is read as YAML (`batch_size: ${BATCH}` gives an integer)."""
+    if isinstance(value, (dict, list)):
+        if id(value) in inside:
+            raise UsageError(
+                f"recipe {where}: key '{path or '<top>'}': a YAML alias refers to a mapping or "
+                "list that contains it (the value would never end)"
+            )
+        inside = inside | {id(value)}
     if isinstance(value, dict):
         return {
-            k: _interpolate(v, f"{path}.{k}" if path else str(k), where, environ)
+            k: _interpolate(v, f"{path}.{k}" if path else str(k), where, environ, inside)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_interpolate(v, f"{path}[{i}]", where, environ) for i, v in enumerate(value)]
+        return [
+            _interpolate(v, f"{path}[{i}]", where, environ, inside) for i, v in enumerate(value)
+        ]
     if not isinstance(value, str) or "${" not in value:
         return value
 

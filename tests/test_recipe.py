@@ -305,3 +305,20 @@ def test_version_and_python_m(tmp_path):
         [sys.executable, "-m", "dtcli", "config", "--help"], capture_output=True, text=True
     )
     assert proc.returncode == 0 and "--schema" in proc.stdout
+
+
+def test_tfds_sources_without_the_tfds_extra_name_the_extra(monkeypatch):
+    monkeypatch.setattr(R, "tfds_installed", lambda: False)
+    raw = raw_quickstart()
+    raw["data"] = {"source": "tfds", "name": "mnist", "shape": [28, 28, 1]}
+    with pytest.raises(
+        UsageError,
+        match=r"recipe key 'data.source': TFDS data sets need the tfds extra.*pip install 'dtensor-cli\[tfds\]'",
+    ):
+        R.from_mapping(raw)
+    lm = R.read_raw(RECIPES / "tiny_gpt.yaml")
+    lm["data"]["name"] = "tiny_shakespeare"
+    with pytest.raises(UsageError, match=r"recipe key 'data.name': TFDS data sets need the tfds"):
+        R.from_mapping(lm)
+    del lm["data"]["name"]
+    R.from_mapping(lm)  # a text file or the embedded default: no TFDS needed

@@ -167,11 +167,11 @@ def test_interrupt_before_the_first_resumed_step_changes_nothing(
     run = copy_run(trained_run, tmp_path)
     before = snapshot(run)
 
-    class StopAtOnce(train_lib._StopOnSigint):
+    class StopAtOnce(train_lib._StopOnSignal):
         def __call__(self) -> bool:
             return True
 
-    monkeypatch.setattr(train_lib, "_StopOnSigint", StopAtOnce)
+    monkeypatch.setattr(train_lib, "_StopOnSignal", StopAtOnce)
     monkeypatch.setattr(train_lib, "run_epoch", lambda session, step, state, *a, **k: state)
     r = cli("train", "--resume", run, "--epochs", "4", "--no-progress")
     assert r.code == 130 and "nothing new to save" in r.err, r.err
