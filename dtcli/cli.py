@@ -80,6 +80,20 @@ def _check_timeout(seconds: float) -> None:
         raise UsageError(f"--connect-timeout {seconds:g}: expected a positive number of seconds")
 
 
+def _profile_steps(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    import re
+
+    found = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if found is None or not 1 <= int(found.group(1)) <= int(found.group(2)):
+        raise UsageError(
+            f"--profile {text!r}: expected START:STOP, optimizer steps with 1 <= START <= STOP "
+            "(like 10:20)"
+        )
+    return int(found.group(1)), int(found.group(2))
+
+
 @app.command()
 def train(
     recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
@@ -104,6 +118,12 @@ def train(
         "(default: DTENSOR_JOBS; the client count is the length of the list).",
     ),
     connect_timeout: float = ConnectTimeoutOption,
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="START:STOP: write a TensorBoard profiler trace of optimizer steps START to STOP "
+        "into RUN_DIR/tensorboard (at call boundaries: K steps a call).",
+    ),
     grace_period: float = typer.Option(
         30.0,
         "--grace-period",
@@ -120,6 +140,7 @@ def train(
     _check_timeout(connect_timeout)
     if not grace_period > 0:
         raise UsageError(f"--grace-period {grace_period:g}: expected a positive number of seconds")
+    steps = _profile_steps(profile)
 
     if resume is not None:
         if recipe is not None or out is not None:
@@ -150,6 +171,7 @@ def train(
             cluster=cluster,
             connect_timeout=connect_timeout,
             grace=grace_period,
+            profile=steps,
         )
     except train_lib.Interrupted as exc:
         print(str(exc), file=sys.stderr)

@@ -308,3 +308,21 @@ def peak_flops() -> float | None:
             if fragment in name:
                 return peak
     return None
+
+
+def peak_memory(devices: Devices) -> int | None:
+    """The highest memory peak (bytes) of this process' accelerators since the last call, which
+    starts the next period; None where TensorFlow does not track it (CPUs)."""
+    if devices.device_type not in ("GPU", "TPU"):
+        return None
+    import tensorflow as tf
+
+    peaks = []
+    for i in range(devices.local_count):
+        name = f"{devices.device_type}:{i}"
+        try:
+            peaks.append(int(tf.config.experimental.get_memory_info(name)["peak"]))
+            tf.config.experimental.reset_memory_stats(name)
+        except (ValueError, RuntimeError, KeyError, tf.errors.OpError):
+            return None
+    return max(peaks) if peaks else None

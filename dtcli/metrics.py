@@ -34,13 +34,54 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
-class MetricsWriter:
-    """Appends epoch records and per-step losses, and the same scalars to TensorBoard."""
+def tensorboard_tag(name: str, per_step: bool = False) -> str:
+    """TensorBoard groups tags by their first '/': train/loss beside train/accuracy, eval/...,
+    step/ (the per-step loss, gradient norm, learning rate), time/, perf/ (rates, FLOP/s)."""
+    if per_step:
+        return f"step/{name.removeprefix('step_')}"
+    for group in ("train", "eval"):
+        if name.startswith(group + "_"):
+            return f"{group}/{name[len(group) + 1 :]}"
+    if name.endswith("seconds"):
+        return f"time/{name}"
+    if name.startswith("peak_memory"):
+        return f"memory/{name}"
+    return f"perf/{name}"
 
-    def __init__(self, metrics: Path, steps: Path, tensorboard: Path | None = None):
+
+def hparams_of(recipe: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """The recipe flattened for TensorBoard's HParams tab: dotted keys, scalar values (lists and
+    mappings written as text)."""
+    out: dict[str, bool | int | float | str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        elif isinstance(node, (bool, int, float, str)):
+            out[prefix] = node
+        elif node is not None:
+            out[prefix] = json.dumps(node)
+
+    walk(recipe, "")
+    return out
+
+
+class MetricsWriter:
+    """Appends epoch records and per-step losses, and the same scalars to TensorBoard (with the
+    recipe as its hyperparameters)."""
+
+    def __init__(
+        self,
+        metrics: Path,
+        steps: Path,
+        tensorboard: Path | None = None,
+        hparams: dict[str, Any] | None = None,
+    ):
         self.metrics = Path(metrics)
         self.steps = Path(steps)
         self.tensorboard = tensorboard
+        self.hparams = hparams
         self._tb = None
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
@@ -57,7 +98,7 @@ class MetricsWriter:
         self.scalars(
             record["step"],
             {
-                k: v
+                tensorboard_tag(k): v
                 for k, v in record.items()
                 if k not in ("epoch", "step") and isinstance(v, (int, float))
             },
@@ -66,7 +107,8 @@ class MetricsWriter:
     def step_loss(self, step: int, loss: float, **more: float) -> None:
         """One step's loss, and what else the step reports (grad_norm, learning_rate)."""
         self._append(self.steps, {"step": step, "loss": loss, **more})
-        self.scalars(step, {"step_loss": loss, **more})
+        values = {"loss": loss, **more}
+        self.scalars(step, {tensorboard_tag(k, per_step=True): v for k, v in values.items()})
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.tensorboard is None:
@@ -76,6 +118,11 @@ class MetricsWriter:
         with tf.device("/CPU:0"):
             if self._tb is None:
                 self._tb = tf.summary.create_file_writer(str(self.tensorboard))
+                if self.hparams:
+                    from tensorboard.plugins.hparams import api as hp
+
+                    with self._tb.as_default():
+                        hp.hparams(self.hparams)
             with self._tb.as_default():
                 for name, value in values.items():
                     tf.summary.scalar(name, value, step=step)
@@ -88,6 +135,42 @@ class MetricsWriter:
             except Exception:  # noqa: BLE001 - event files are a convenience; metrics.jsonl counts
                 pass
             self._tb = None
+
+
+class Profiler:
+    """`--profile START:STOP`: a TensorBoard profiler trace (the Profile tab) of the optimizer
+    steps START to STOP. A compiled call runs K steps, so the trace starts before the first call
+    holding a step >= START and stops after the call that reaches STOP: it may cover up to K-1
+    steps more on each side."""
+
+    def __init__(self, logdir: Path, start: int, stop: int):
+        self.logdir, self.start, self.stop = Path(logdir), start, stop
+        self.running = False
+        self.traced: tuple[int, int] | None = None  # the steps the trace covers, once written
+        self._first = 0
+
+    def before_call(self, first: int, count: int) -> None:
+        """A call will run the steps first .. first+count-1."""
+        if self.running or self.traced is not None:
+            return
+        if first + count - 1 >= self.start and first <= self.stop:
+            import tensorflow as tf
+
+            tf.profiler.experimental.start(str(self.logdir))
+            self.running, self._first = True, first
+
+    def after_call(self, last: int) -> None:
+        if self.running and last >= self.stop:
+            self.finish(last)
+
+    def finish(self, last: int) -> None:
+        if not self.running:
+            return
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
+        self.running = False
+        self.traced = (self._first, last)
 
 
 def read(path: Path, warn: Any = None) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ This module alone knows what a run directory holds and where:
     metrics.jsonl      one JSON object per epoch          (dtcli.metrics writes and reads it)
     steps.jsonl        the per-step training loss
     resumes.jsonl      one JSON object per resume: from which checkpoint, what the command changed
+    train.log          every line `dtcli train` printed, each session headed by its command
     tensorboard/       event files
     checkpoints/       ckpt-STEP/ folders, each complete and self-verifying (dtcli.checkpoint)
     plots/             PNG curves
@@ -41,6 +42,7 @@ RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 STEPS = "steps.jsonl"
 RESUMES = "resumes.jsonl"
+TRAIN_LOG = "train.log"
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 PLOTS = "plots"
@@ -192,6 +194,10 @@ class RunDir:
     @property
     def resumes(self) -> Path:
         return self.path / RESUMES
+
+    @property
+    def train_log(self) -> Path:
+        return self.path / TRAIN_LOG
 
     @property
     def tensorboard(self) -> Path:

@@ -430,12 +430,14 @@ def run_epoch(
     writer: Any = None,
     stop: Any = None,
     trained: Any = None,
+    profiler: Any = None,
 ) -> EpochState:
     """Train the rest of one epoch (from `state.batch`), K steps a call; returns early, at a call
     boundary, when `stop()` is true.
 
     `trained()` is called once after each call that applied a step, before anything of it is
-    written. A non-finite loss raises NonFiniteLoss with the optimizer step it happened at."""
+    written; `profiler` (metrics.Profiler) hears of each call before and after it. A non-finite
+    loss raises NonFiniteLoss with the optimizer step it happened at."""
     steps = epoch_steps(session, state.epoch)
     k = steps_per_call(session)
     log_every = session.recipe.train.log_every
@@ -443,14 +445,18 @@ def run_epoch(
     batches = session.train_feed.epoch(state.epoch, state.batch, steps)
     # stop() is checked before each call (a Ctrl-C stops the run before its next call).
     while not (stop is not None and stop()) and (block := list(itertools.islice(batches, k))):
+        # The optimizer's step of block[0] (every epoch before this one was whole).
+        first = state.epoch * epoch_steps(session) + state.batch + 1
+        if profiler is not None:
+            profiler.before_call(first, len(block))
         called = time.perf_counter()
         out = train_block(session, train_call, block)
         if not session.compiled:
             session.compiled = True
             state.compile_seconds = time.perf_counter() - called
-        # The optimizer's step of block[0] (every epoch before this one was whole).
-        first = state.epoch * epoch_steps(session) + state.batch + 1
         good = out["applied"]
+        if profiler is not None:
+            profiler.after_call(first + good - 1)
         if good and trained is not None:
             trained()
         for j in range(good):

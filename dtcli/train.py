@@ -28,7 +28,7 @@ from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir
+from dtcli import rundir, runlog
 from dtcli.errors import INTERRUPTED_EXIT, PREEMPTED_EXIT, TrainingError, UsageError
 from dtcli.recipe import Recipe
 from dtcli.session import (
@@ -127,6 +127,7 @@ def train(
     cluster: cluster_lib.Cluster | None = None,
     connect_timeout: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT,
     grace: float = DEFAULT_GRACE,
+    profile: tuple[int, int] | None = None,
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
@@ -141,7 +142,7 @@ def train(
 
     devices_lib.check_runtime_env()
     # soft_wrap: logs piped to a file keep one line per message
-    console = console or Console(stderr=True, soft_wrap=True)
+    console = console or runlog.LoggedConsole(stderr=True, soft_wrap=True)
 
     def warn(message: str) -> None:
         console.print(message, markup=False, highlight=False)
@@ -165,6 +166,9 @@ def train(
         run = rundir.open_for_resume(path, "--resume", warn)
     else:
         run = rundir.create(path, "--out", warn)
+    logged = chief and isinstance(console, runlog.LoggedConsole)
+    if logged and resume is None:
+        console.commit(run.train_log, runlog.header())  # a resume: once its first step trained
     try:
         latest = None
         if resume is not None and chief:
@@ -182,8 +186,10 @@ def train(
             chosen, latest = _agree(cluster, run.path, latest, out is not None)
             if not chief:
                 run = rundir.unlocked(chosen)
-        result = _train(recipe, run, latest, console, progress, cluster, chief, grace)
-    except BaseException:
+        result = _train(recipe, run, latest, console, progress, cluster, chief, grace, profile)
+    except BaseException as exc:
+        if logged:
+            console.record(_as_printed(exc))
         if chief:
             run.abandon()
         raise
@@ -201,6 +207,7 @@ def _train(
     cluster: cluster_lib.Cluster | None,
     chief: bool,
     grace: float = DEFAULT_GRACE,
+    profile: tuple[int, int] | None = None,
 ) -> RunResult:
     from dtcli import checkpoint as ckpt_lib
     from dtcli import metrics as metrics_lib
@@ -240,10 +247,17 @@ def _train(
                 highlight=False,
             )
         if chief:
-            on_first_step = _once(lambda: _commit_resume(run, recipe, latest, meta, checkpointer))
+            on_first_step = _once(
+                lambda: _commit_resume(run, recipe, latest, meta, checkpointer, console)
+            )
     elif chief:
         run.write_text(run.recipe, recipe_lib.dump(recipe))
-    writer: Any = metrics_lib.MetricsWriter(run.metrics, run.steps, run.tensorboard)
+    writer: Any = metrics_lib.MetricsWriter(
+        run.metrics,
+        run.steps,
+        run.tensorboard,
+        hparams=metrics_lib.hparams_of(recipe_lib.to_mapping(recipe)),
+    )
     if not chief:
         writer = _NoWriter()
     _describe(console, session, run.path)
@@ -251,6 +265,9 @@ def _train(
     # different steps, waiting on each other's collectives for good. The first Ctrl-C interrupts
     # at once instead (dtcli launch stops every client).
     stopper = _StopOnSignal(grace) if cluster is None else contextlib.nullcontext()
+    profiler = None
+    if profile is not None and chief:  # client 0's trace (clients on one host would collide)
+        profiler = metrics_lib.Profiler(run.tensorboard, *profile)
     before = len(history)
     try:
         with stopper as stop, _peer_failures(cluster, checkpointer):
@@ -267,9 +284,19 @@ def _train(
                 start,
                 stop,
                 on_first_step,
+                profiler,
             )
     finally:
         writer.close()
+        if profiler is not None and profiler.running:
+            profiler.finish(int(session.optimizer.iterations.numpy()))
+    if profiler is not None and profiler.traced is not None:
+        first, last = profiler.traced
+        console.print(
+            f"profile: steps {first}-{last} traced into {run.tensorboard} "
+            "(TensorBoard's Profile tab, with tensorboard-plugin-profile installed)",
+            highlight=False,
+        )
     if chief and len(history) > before:
         from dtcli import plot as plot_lib
 
@@ -282,6 +309,18 @@ def _train(
     if chief:
         _summary(console, history, start.epoch if latest is not None else 0)
     return RunResult(run.path, history)
+
+
+def _as_printed(exc: BaseException) -> str:
+    """The line the command line prints for an exception that ends a run (for train.log)."""
+    if isinstance(exc, Interrupted):
+        return str(exc)
+    if isinstance(exc, (UsageError, TrainingError)):
+        return f"error: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "error: interrupted"
+    text = str(exc).strip().splitlines()
+    return f"error: {type(exc).__name__}{': ' + text[0] if text else ''}"
 
 
 def _once(fn: Callable[[], None]) -> Callable[[], None]:
@@ -297,7 +336,12 @@ def _once(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def _commit_resume(
-    run: rundir.RunDir, recipe: Recipe, checkpoint: Path, meta: dict[str, Any], checkpointer: Any
+    run: rundir.RunDir,
+    recipe: Recipe,
+    checkpoint: Path,
+    meta: dict[str, Any],
+    checkpointer: Any,
+    console: Any = None,
 ) -> None:
     """The resumed run trained a step: from here on its files describe it. Until now a failure
     (a bad override, a non-finite first loss) left every file of the run as it was."""
@@ -321,6 +365,8 @@ def _commit_resume(
         }
         metrics_lib.append_line(run.resumes, json.dumps(record))
         checkpointer.clean()
+        if isinstance(console, runlog.LoggedConsole):
+            console.commit(run.train_log, runlog.header())
     except OSError as exc:
         raise TrainingError(
             f"{run.path}: recording the resume failed ({rundir.os_reason(exc)})"
@@ -465,6 +511,7 @@ def _loop(
     start: EpochState,
     stop: Any,
     on_first_step: Callable[[], None] | None = None,
+    profiler: Any = None,
 ) -> list[dict[str, Any]]:
     cfg = session.recipe.train
     lm = session.recipe.task == "language_model"
@@ -500,7 +547,7 @@ def _loop(
         steps = epoch_steps(session, epoch)
         bar.start(epoch + 1, cfg.epochs, steps, done=state.batch)
         try:
-            state = run_epoch(session, train_step, state, bar, writer, stop, count_step)
+            state = run_epoch(session, train_step, state, bar, writer, stop, count_step, profiler)
         except NonFiniteLoss as exc:
             bar.stop()
             raise TrainingError(
@@ -524,6 +571,9 @@ def _loop(
             **_throughput(session, state),
             "seconds": state.seconds,
         }
+        peak = devices_lib.peak_memory(session.devices)
+        if peak is not None:  # accelerators only: TensorFlow does not track CPU memory
+            record["peak_memory_bytes"] = peak
         if lm:
             record["eval_perplexity"] = ev["perplexity"]
             record["train_tokens"] = int(state.count)

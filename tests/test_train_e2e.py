@@ -45,7 +45,11 @@ def train(*args, ok=True, cwd=None):
 def run4(tmp_path_factory):
     """The quickstart for 4 epochs on batch=4 x model=2 (8 virtual CPUs)."""
     out = tmp_path_factory.mktemp("runs") / "q4"
-    train(QUICK, "--epochs", "4", "--set", "train.checkpoint_every=1", "--out", out)
+    proc = train(
+        QUICK, "--epochs", "4", "--set", "train.checkpoint_every=1", "--out", out,
+        "--profile", "30:40",
+    )  # fmt: skip
+    (out.parent / "q4.stderr").write_text(proc.stderr)
     return out
 
 
@@ -75,6 +79,41 @@ def test_run_directory_holds_everything(run4):
     steps = metrics.read(run4 / "steps.jsonl")
     assert [r["step"] for r in steps] == list(range(10, 4 * 23 + 1, 10))  # log_every 10
     assert any(p.name.startswith("events.out.tfevents") for p in (run4 / "tensorboard").iterdir())
+
+
+def test_train_log_tensorboard_groups_hparams_and_profile(run4):
+    printed = (run4.parent / "q4.stderr").read_text().splitlines()
+    log = (run4 / "train.log").read_text().splitlines()
+    assert log[0].startswith("# 20") and "dtcli 0." in log[0]  # when, where, which dtcli
+    assert log[1:] == printed  # every line the terminal got, and only those
+    assert any(x.startswith("epoch 4/4 ") for x in log) and log[-1].startswith("done: 4 epochs")
+    # 23 steps an epoch, K=16 a call (1-16, 17-23, 24-39, 40-46): the trace runs from the call
+    # holding step 30 to the one reaching 40
+    assert "profile: steps 24-46 traced into" in (run4.parent / "q4.stderr").read_text()
+    assert list((run4 / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+
+    from tensorboard.backend.event_processing import event_accumulator
+
+    events = event_accumulator.EventAccumulator(
+        str(run4 / "tensorboard"), size_guidance={"tensors": 0}
+    )
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy", "step/loss"} <= tags
+    assert {"perf/examples_per_sec", "time/seconds"} <= tags
+    assert "_hparams_/session_start_info" in tags  # the recipe, in the HParams tab
+    loss = [e.step for e in events.Tensors("eval/loss")]
+    assert loss == [r["step"] for r in metrics.read(run4 / "metrics.jsonl")]
+
+
+def test_hparams_flatten_the_recipe():
+    from dtcli import recipe as recipe_lib
+
+    flat = metrics.hparams_of(recipe_lib.to_mapping(recipe_lib.load(QUICK)))
+    assert flat["optimizer.learning_rate"] == pytest.approx(3e-3)
+    assert flat["mesh.batch"] == 4 and flat["devices"] == "cpu:8"
+    assert json.loads(flat["model.layers"])[1] == {"Dense": {"units": 10}}  # lists as text
+    assert all(isinstance(v, (bool, int, float, str)) for v in flat.values())
 
 
 @pytest.mark.parametrize("mesh", ["batch=1", "batch=8", "model=8"])
@@ -159,9 +198,13 @@ def run2(tmp_path_factory):
 def test_resume_gives_the_same_run_keras(run2, run4, whole_weights, tmp_path):
     split = tmp_path / "split"
     shutil.copytree(run2, split)
-    train("--resume", split, "--epochs", "4")
+    proc = train("--resume", split, "--epochs", "4")
     a, b = metrics.read(run4 / "metrics.jsonl"), metrics.read(split / "metrics.jsonl")
     assert [r["epoch"] for r in b] == [1, 2, 3, 4]
+    # the log goes on: the first session's lines, then the resumed one's under its own header
+    log = (split / "train.log").read_text()
+    assert log.startswith((run2 / "train.log").read_text())
+    assert log.count("\n# 20") == 1 and log.endswith(proc.stderr)
     for key in ("train_loss", "eval_loss", "eval_accuracy", "step"):
         assert b[-1][key] == pytest.approx(a[-1][key], rel=1e-5)
     assert max_rel(final_weights(split), whole_weights) <= 1e-5

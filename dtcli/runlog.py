@@ -1,0 +1,87 @@
+"""The run's log: every line `dtcli train` prints, as plain text, in the run directory's train.log.
+
+The console that prints to the terminal records each line too. Until the run's files may change
+(a new run at once; a resume only once its first step trained, since a resume that fails before
+leaves every file as it was) the lines wait in memory; from then on each is appended as it is
+printed. The progress bar is not logged (it redraws; the epoch lines say the same). A log that
+cannot be written (a full disk) is dropped with one warning: the terminal, the metrics and the
+checkpoints are the run's record, the log a copy of what the terminal showed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dtcli import metrics as metrics_lib
+
+
+class LoggedConsole(Console):
+    """A rich Console (stderr) whose printed lines are also kept for the run's train.log."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._pending = io.StringIO()
+        # Plain text, one line per message, whatever the terminal's width.
+        self._plain = Console(
+            file=self._pending, no_color=True, highlight=False, soft_wrap=True, width=240
+        )
+        self._path: Path | None = None
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*objects, **kwargs)
+        self._plain.print(*objects, **kwargs)
+        self._flush()
+
+    def record(self, line: str) -> None:
+        """A line for the log only (the terminal got it another way, e.g. the final error)."""
+        self._pending.write(line.rstrip("\n") + "\n")
+        self._flush()
+
+    def commit(self, path: Path, header: str) -> None:
+        """From now on lines go to `path` (appended: a resumed run continues its log)."""
+        self._path = Path(path)
+        text = self._pending.getvalue()
+        self._pending.seek(0)
+        self._pending.truncate()
+        self._pending.write(header.rstrip("\n") + "\n" + text)
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._path is None:
+            return
+        text = self._pending.getvalue()
+        if not text:
+            return
+        self._pending.seek(0)
+        self._pending.truncate()
+        try:
+            metrics_lib.append_line(self._path, text.rstrip("\n"))
+        except OSError as exc:
+            path, self._path = self._path, None
+            print(
+                f"warning: writing {path} failed ({exc.strerror or exc}); the rest of this run "
+                "is not logged there (metrics and checkpoints are unaffected)",
+                file=sys.stderr,
+            )
+
+
+def header(argv: list[str] | None = None) -> str:
+    """The first line of each session of a run in its log: when, where, what command."""
+    import shlex
+    import socket
+    from datetime import datetime
+
+    from dtcli import __version__
+
+    args = sys.argv if argv is None else argv
+    when = datetime.now().isoformat(timespec="seconds")
+    line = f"# {when} on {socket.gethostname()} (pid {os.getpid()}, dtcli {__version__})"
+    if args and Path(args[0]).name in ("dtcli", "__main__.py", "cli.py"):  # not a test runner
+        line += ": " + " ".join(shlex.quote(a) for a in ["dtcli", *args[1:]])
+    return line
