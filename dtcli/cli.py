@@ -75,6 +75,20 @@ ConnectTimeoutOption = typer.Option(
 )
 
 
+GraceOption = typer.Option(
+    30.0,
+    "--grace-period",
+    help="Seconds from a SIGTERM (a scheduler's preemption notice) to exit: the run saves "
+    "at the end of the current call and exits 143; if that takes longer, it exits 143 then "
+    "and the last complete checkpoint stands.",
+)
+
+
+def _check_grace(seconds: float) -> None:
+    if not seconds > 0:
+        raise UsageError(f"--grace-period {seconds:g}: expected a positive number of seconds")
+
+
 def _check_timeout(seconds: float) -> None:
     if not seconds > 0:
         raise UsageError(f"--connect-timeout {seconds:g}: expected a positive number of seconds")
@@ -124,13 +138,7 @@ def train(
         help="START:STOP: write a TensorBoard profiler trace of optimizer steps START to STOP "
         "into RUN_DIR/tensorboard (at call boundaries: K steps a call).",
     ),
-    grace_period: float = typer.Option(
-        30.0,
-        "--grace-period",
-        help="Seconds from a SIGTERM (a scheduler's preemption notice) to exit: the run saves "
-        "at the end of the current step and exits 143; if that takes longer, it exits 143 "
-        "then and the last complete checkpoint stands.",
-    ),
+    grace_period: float = GraceOption,
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
     from dtcli import cluster as cluster_lib
@@ -138,8 +146,7 @@ def train(
 
     cluster = cluster_lib.from_args(client_id, jobs)
     _check_timeout(connect_timeout)
-    if not grace_period > 0:
-        raise UsageError(f"--grace-period {grace_period:g}: expected a positive number of seconds")
+    _check_grace(grace_period)
     steps = _profile_steps(profile)
 
     if resume is not None:
@@ -203,11 +210,13 @@ def launch(
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
     connect_timeout: float = ConnectTimeoutOption,
+    grace_period: float = GraceOption,
 ) -> None:
     """Run a recipe as N local DTensor clients on loopback (a multi-client run on one host)."""
     from dtcli import launch as launch_lib
 
     _check_timeout(connect_timeout)
+    _check_grace(grace_period)
     launch_plan = launch_lib.plan(
         recipe,
         clients,
@@ -219,6 +228,7 @@ def launch(
         resume=resume,
         port=port,
         connect_timeout=connect_timeout,
+        grace=grace_period,
     )
     print(launch_lib.run(launch_plan, progress=not no_progress))
 

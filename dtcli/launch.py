@@ -27,7 +27,7 @@ from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir
-from dtcli.errors import TrainingError, UsageError
+from dtcli.errors import PREEMPTED_EXIT, TrainingError, UsageError
 
 LOOPBACK = "127.0.0.1"
 # Set for the clients this launcher starts.
@@ -53,6 +53,7 @@ class LaunchPlan:
     run_dir: Path
     train_args: tuple[str, ...]  # passed to every client's `dtcli train`
     connect_timeout: float
+    grace: float = 30.0  # SIGTERM: seconds each client has to save and exit
 
 
 def plan(
@@ -66,6 +67,7 @@ def plan(
     resume: Path | None = None,
     port: int | None = None,
     connect_timeout: float = 60.0,
+    grace: float = 30.0,
 ) -> LaunchPlan:
     """Check everything that can be checked without TensorFlow, before any client starts."""
     from dtcli import train as train_lib
@@ -101,6 +103,7 @@ def plan(
         train_args += ["--epochs", str(epochs)]
     if devices is not None:
         train_args += ["--devices", devices]
+    train_args += ["--grace-period", f"{grace:g}"]
     return LaunchPlan(
         clients,
         tuple(f"{LOOPBACK}:{p}" for p in _ports(clients, port)),
@@ -109,6 +112,7 @@ def plan(
         run_dir,
         tuple(train_args),
         connect_timeout,
+        grace,
     )
 
 
@@ -224,6 +228,18 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
     console = console or Console(stderr=True, soft_wrap=True, highlight=False)
     procs: list[subprocess.Popen] = []
     lines: queue.Queue = queue.Queue()
+
+    def forward_sigterm(signum: int, frame: Any) -> None:
+        # A scheduler preempting the launcher: every client gets the notice (TensorFlow records
+        # it; the clients agree on a step, save once and exit 143).
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGTERM)
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, forward_sigterm)
     try:
         for client in range(p.clients):
             proc = subprocess.Popen(
@@ -242,7 +258,7 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
             f"launch: {p.clients} clients on {','.join(p.jobs)} "
             f"(pids {', '.join(str(x.pid) for x in procs)})"
         )
-        failed = _supervise(procs, lines, console, progress)
+        failed = _supervise(procs, lines, console, progress, p.grace)
     except KeyboardInterrupt:
         _stop(procs)
         raise ClientFailed(
@@ -250,6 +266,10 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
         ) from None
     finally:
         _stop(procs)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if failed is None and procs and all(q.returncode == PREEMPTED_EXIT for q in procs):
+        raise ClientFailed(f"preempted (SIGTERM); {_resume_hint(p)}", exit_code=PREEMPTED_EXIT)
     if failed is not None:
         client, code, last = failed
         how = _describe_exit(code)
@@ -270,10 +290,16 @@ def _pump(client: int, stream: Any, lines: queue.Queue) -> None:
 
 
 def _supervise(
-    procs: list[subprocess.Popen], lines: queue.Queue, console: Any, progress: bool
+    procs: list[subprocess.Popen],
+    lines: queue.Queue,
+    console: Any,
+    progress: bool,
+    grace: float = 30.0,
 ) -> tuple[int, int, str] | None:
     """Relay output until every client exits; on the first failure stop the others.
 
+    A client that exits 143 (preempted, its part of the agreed checkpoint written) is not a
+    failure: the others are on their way out too and get the grace period to finish saving.
     Returns (client, exit code, its last error line) of the first client that failed, or None.
     """
     from dtcli import train as train_lib
@@ -283,6 +309,7 @@ def _supervise(
     open_streams = 2 * len(procs)
     last_error: dict[int, str] = {}
     failed: tuple[int, int, str] | None = None
+    preempted_at: float | None = None
     try:
         while open_streams:
             try:
@@ -302,6 +329,11 @@ def _supervise(
             if failed is None:
                 for i, proc in enumerate(procs):
                     code = proc.poll()
+                    if code == PREEMPTED_EXIT:
+                        if preempted_at is None:
+                            preempted_at = time.monotonic()
+                        if time.monotonic() - preempted_at < grace + STOP_GRACE_S:
+                            continue
                     if code not in (None, 0):
                         failed = (i, code, "")
                         # Stop the others now: they would wait on the dead client's collectives.
@@ -309,10 +341,12 @@ def _supervise(
                         break
         for proc in procs:
             proc.wait(timeout=STOP_GRACE_S * 2)
+    except subprocess.TimeoutExpired:
+        pass  # run() stops what is left
     finally:
         if bar is not None:
             bar.stop()
-    if failed is None:
+    if failed is None and not all(q.returncode == PREEMPTED_EXIT for q in procs):
         for i, proc in enumerate(procs):
             if proc.returncode != 0:
                 failed = (i, proc.returncode, "")

@@ -219,6 +219,7 @@ class Packer:
         self.local_shards = sorted(set(self.shard_of_device))
         self._position = {shard: i for i, shard in enumerate(self.local_shards)}
         self._layouts: dict[int, Any] = {}
+        self._notice_layout: Any = None
         self._verified = False
 
     def rows(self, batch_size: int) -> np.ndarray | None:
@@ -284,6 +285,21 @@ class Packer:
         from dtcli.layout import replicated
 
         return dtensor.copy_to_mesh(np.asarray(values, bool), replicated(self.mesh, 1))
+
+    def notices(self, flag: bool) -> Any:
+        """This client's flag on each of its devices: a float per device (one dim per mesh
+        axis, each split along its axis). The train call's max over it is one all-reduce, so
+        every client of a multi-client run reads the same answer after the same call: how
+        they agree to stop at one step when any of them got a preemption notice."""
+        from tensorflow.experimental import dtensor
+
+        from dtcli.layout import to_layout
+
+        if self._notice_layout is None:
+            self._notice_layout = to_layout(tuple(self.mesh.dim_names), self.mesh)
+        rank = len(self.mesh.dim_names)
+        one = np.full((1,) * rank, float(flag), np.float32)
+        return dtensor.pack([one] * len(self.shard_of_device), self._notice_layout)
 
     def pack_batch(self, batch: Batch) -> tuple[Any, Any, Any]:
         packed = self.pack(batch.x), self.pack(batch.y), self.pack(batch.mask)

@@ -38,7 +38,7 @@ class LoggedConsole(Console):
         self._plain.print(*objects, **kwargs)
         self._flush()
 
-    def record(self, line: str) -> None:
+    def log_only(self, line: str) -> None:
         """A line for the log only (the terminal got it another way, e.g. the final error)."""
         self._pending.write(line.rstrip("\n") + "\n")
         self._flush()

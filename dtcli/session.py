@@ -275,10 +275,11 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             pick(masks, i),
         )
 
-    def train_call(inputs: tuple, masks: Any, runs: Any) -> dict[str, Any]:
+    def train_call(inputs: tuple, masks: Any, runs: Any, notices: Any = None) -> dict[str, Any]:
         """`inputs`: the block's (xs, ys) [K, batch, ...], or (positions,) [K, batch] of a
         split placed on the devices; `masks` [K, batch]; `runs` [K] bool: the steps to run
-        (the first ones; see Packer.flags for why not their count)."""
+        (the first ones; see Packer.flags for why not their count). `notices` (multi-client
+        runs): each client's preemption flag (Packer.notices); `stop` is their max."""
         steps = masks.shape[0]
         real = tf.reduce_sum(tf.cast(runs, tf.int32))
 
@@ -302,7 +303,10 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             body,
             (tf.constant(0), tf.constant(True), tf.constant(0), *(zeros for _ in per_step)),
         )
-        return {"applied": applied, **dict(zip(per_step, vectors))}
+        out = {"applied": applied, **dict(zip(per_step, vectors))}
+        if notices is not None:
+            out["stop"] = tf.reduce_max(notices)
+        return out
 
     def eval_step(x: Any, y: Any, mask: Any) -> dict[str, Any]:
         return sums(model.forward(x, training=False), y, mask)
@@ -322,9 +326,12 @@ def steps_per_call(session: Session) -> int:
     return session.recipe.train.steps_per_call
 
 
-def train_block(session: Session, train_call: Any, batches: list) -> dict:
+def train_block(
+    session: Session, train_call: Any, batches: list, notice: bool | None = None
+) -> dict:
     """Run `batches` (at most K) in one call; padded to K so that the shapes never change.
-    Returns host numpy: per-step loss/correct/count of the real steps, and `applied`."""
+    Returns host numpy: per-step loss/correct/count of the real steps, and `applied`; in a
+    multi-client run (`notice`: this client's preemption flag) `stop`, the clients' agreement."""
     k = steps_per_call(session)
     real = len(batches)
     if real < k:
@@ -332,11 +339,17 @@ def train_block(session: Session, train_call: Any, batches: list) -> dict:
     # (xs, ys, masks), or (positions, masks) of a split placed on the devices.
     *inputs, masks = session.packer.pack_block(batches)
     runs = session.packer.flags([i < real for i in range(k)])
-    out = train_call(tuple(inputs), masks, runs)
-    return {
+    if session.cluster is None:
+        out = train_call(tuple(inputs), masks, runs)
+    else:
+        out = train_call(tuple(inputs), masks, runs, session.packer.notices(bool(notice)))
+    result = {
         **{name: out[name].numpy()[:real] for name in PER_STEP if name in out},
         "applied": int(out["applied"].numpy()),
     }
+    if "stop" in out:
+        result["stop"] = bool(out["stop"].numpy() > 0)
+    return result
 
 
 def evaluate(
@@ -450,7 +463,7 @@ def run_epoch(
         if profiler is not None:
             profiler.before_call(first, len(block))
         called = time.perf_counter()
-        out = train_block(session, train_call, block)
+        out = train_block(session, train_call, block, getattr(stop, "noticed", None))
         if not session.compiled:
             session.compiled = True
             state.compile_seconds = time.perf_counter() - called
@@ -470,6 +483,8 @@ def run_epoch(
                 writer.step_loss(first + j, float(out["loss"][j]), **more)
         if good < len(block):
             raise NonFiniteLoss(float(out["loss"][good]), first + good)
+        if out.get("stop"):
+            stop.agree()  # every client read the same answer: all stop after this call
         state.seconds = time.perf_counter() - started
         if bar is not None:
             bar.update(

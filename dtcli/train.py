@@ -189,7 +189,7 @@ def train(
         result = _train(recipe, run, latest, console, progress, cluster, chief, grace, profile)
     except BaseException as exc:
         if logged:
-            console.record(_as_printed(exc))
+            console.log_only(_as_printed(exc))
         if chief:
             run.abandon()
         raise
@@ -264,7 +264,7 @@ def _train(
     # Ctrl-C in a multi-client run: stopping after "the current step" would leave the clients at
     # different steps, waiting on each other's collectives for good. The first Ctrl-C interrupts
     # at once instead (dtcli launch stops every client).
-    stopper = _StopOnSignal(grace) if cluster is None else contextlib.nullcontext()
+    stopper = _StopOnSignal(grace) if cluster is None else _PreemptionWatch(grace)
     profiler = None
     if profile is not None and chief:  # client 0's trace (clients on one host would collide)
         profiler = metrics_lib.Profiler(run.tensorboard, *profile)
@@ -451,20 +451,26 @@ class _StopOnSignal:
 
     def _handle(self, signum: int, frame: Any) -> None:
         import signal
-        import threading
 
         if signum == signal.SIGTERM:
             if not self.requested:
                 self.requested, self.signal_name = True, "SIGTERM"
-            if self._timer is None:
-                self._timer = threading.Timer(self.grace, self._out_of_time)
-                self._timer.daemon = True
-                self._timer.start()
+            self.start_deadline()
             return
         if self.requested:
             raise KeyboardInterrupt
         self.requested, self.signal_name = True, "SIGINT"
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def start_deadline(self) -> None:
+        """From now, `grace` seconds until this process exits (once: a repeated notice does not
+        extend it)."""
+        import threading
+
+        if self._timer is None:
+            self._timer = threading.Timer(self.grace, self._out_of_time)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _out_of_time(self) -> None:
         # The current call (or the save) outlasted the grace period: go now, as the scheduler
@@ -484,6 +490,64 @@ class _StopOnSignal:
             signal.signal(sig, previous)
         if self._timer is not None:
             self._timer.cancel()
+
+
+# Where TensorFlow's multi-client runtime records a SIGTERM to any client (its own handler
+# takes the signal and writes the notice into the coordination service's key-value store).
+PREEMPTION_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
+
+
+class _PreemptionWatch:
+    """A multi-client run's preemption: TensorFlow takes SIGTERM itself and records it in its
+    coordination service, which every client can read. A thread polls for that notice; each
+    train call carries every client's flag and returns their max (Packer.notices), so all
+    clients learn of it after the same call, stop there and write one checkpoint together.
+    From the notice, `grace` seconds until this process exits regardless."""
+
+    signal_name = "SIGTERM"
+
+    def __init__(self, grace: float = DEFAULT_GRACE):
+        import threading
+
+        self.noticed = False  # this client has read the notice
+        self.requested = False  # all clients agreed: stop after the call just run
+        self.grace = grace
+        self._done = threading.Event()
+        self._thread: Any = None
+        self._deadline = _StopOnSignal(grace)  # its timer and message
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def agree(self) -> None:
+        self.requested = True
+
+    def __enter__(self) -> _PreemptionWatch:
+        import threading
+
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        from tensorflow.python.eager import context
+
+        while not self._done.is_set():
+            try:
+                # Waits up to 0.5 s for the key: a short poll that never holds exit up long.
+                context.context().get_config_key_value(PREEMPTION_KEY, 500)
+            except Exception:  # noqa: BLE001 - not there yet (DeadlineExceeded), or shutting down
+                continue
+            self.noticed = True
+            self._deadline.start_deadline()
+            return
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self._deadline._timer is not None:
+            self._deadline._timer.cancel()
 
 
 class Interrupted(Exception):

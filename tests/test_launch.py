@@ -541,6 +541,64 @@ def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launche
 
 
 @pytest.mark.slow
+def test_sigterm_to_one_client_all_save_one_checkpoint_exit_143_and_resume_equal(
+    launched, tmp_path
+):
+    """A scheduler preempts client 1: TensorFlow records the notice, both clients learn of it
+    through the same train call, write one checkpoint together and exit 143; so does the
+    launcher. Resumed, the run ends where the uninterrupted one does."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "dtcli", "launch", "--clients", "2", QUICK, "--epochs", EPOCHS,
+         "--set", "train.checkpoint_every=1", "--out", str(out), "--no-progress"],
+        cwd=ROOT,
+        env={**env(), "DTCLI_TEST_PAUSE_IN_SAVE": "3"},  # slow saves: the notice (TF checks for it each second) lands mid-run
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        pids = pids_of(launcher.stderr.readline())
+        deadline = time.monotonic() + 600
+        while not rundir.complete_checkpoints(out):
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        for pid in [launcher.pid, *pids]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.wait(timeout=30)
+    assert launcher.returncode == 143, stderr
+    latest = rundir.complete_checkpoints(out)[-1]
+    step = ckpt_lib.read_meta(latest)["step"]
+    assert 23 < step < 3 * 23  # after the first checkpoint, before the end
+    for client in (0, 1):  # one checkpoint, the same for both
+        assert f"[client {client}] preempted (SIGTERM); saved {latest};" in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last == (
+        f"error: preempted (SIGTERM); last complete checkpoint: {latest}; resume with: "
+        f"dtcli launch --clients 2 --resume {out}"
+    )
+    assert_gone(pids)
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    proc = dtcli("launch", "--clients", "2", "--resume", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"resuming {latest}" in proc.stderr
+    resumed = metrics.read(out / "metrics.jsonl")
+    whole = metrics.read(launched[0] / "metrics.jsonl")
+    assert [r["epoch"] for r in resumed] == [1, 2, 3]
+    assert resumed[-1]["step"] == whole[-1]["step"]
+    for key in ("train_loss", "eval_loss", "eval_accuracy"):
+        assert resumed[-1][key] == pytest.approx(whole[-1][key], rel=1e-5), key
+
+
+@pytest.mark.slow
 def test_two_clients_read_disjoint_shares_of_tfrecord_files(tmp_path, digit_files):
     """3 TFRecord files of 479 digits on 2 clients: client 0 reads files 0 and 2, client 1 file 1,
     each 32 rows of every global batch of 64. Every example counts once; the run takes as many
