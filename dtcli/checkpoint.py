@@ -143,6 +143,9 @@ class Checkpointer:
         self.barrier = barrier
         # Every client must name the same temporary folder: the pid of one process will not do.
         self.tag = tag or str(os.getpid())
+        # The step this process last saved (or restored): the same on every client, unlike the
+        # folder, where client 0 renames a checkpoint into place after the others return.
+        self.last_step: int | None = None
 
     def latest(self) -> Path | None:
         found = complete(self.folder)
@@ -171,6 +174,7 @@ class Checkpointer:
                 self.barrier()  # every client's shards are on disk
             _fault_point()
             if not self.chief:
+                self.last_step = step
                 return final
             meta = {**meta, "format": FORMAT, "files": _manifest(tmp)}
             with (tmp / META).open("w") as f:
@@ -191,6 +195,7 @@ class Checkpointer:
         os.rename(tmp, final)  # atomic: the checkpoint is visible only once complete
         for old in complete(self.folder)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        self.last_step = step
         return final
 
     def restore(self, checkpoint: Path, weights: list | None = None, partial: bool = False) -> None:

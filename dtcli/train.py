@@ -229,6 +229,7 @@ def _train(
     on_first_step: Callable[[], None] | None = None
     if latest is not None:
         checkpointer.restore(latest, session.model.weights)
+        checkpointer.last_step = ckpt_lib.read_meta(latest)["step"]
         # The checkpoint holds the optimizer's old learning rate: the recipe's takes effect now.
         session.optimizer.set_hyperparameters(recipe.optimizer)
         meta = ckpt_lib.read_meta(latest)
@@ -598,8 +599,12 @@ def _loop(
         preempted = getattr(stop, "signal_name", "") == "SIGTERM"
         if not trained:  # nothing new since the checkpoint this run resumed from
             raise Interrupted(latest, run_dir, saved=False, preempted=preempted)
-        if latest is None or latest.name != f"ckpt-{step:08d}":
+        # Decided by what this process saved, not by the folder: in a multi-client run client 0
+        # renames a checkpoint into place after the others have returned from saving it.
+        if checkpointer.last_step != step:
             latest = checkpointer.save(step, _meta(session, step, state))
+        else:
+            latest = checkpointer.folder / f"ckpt-{step:08d}"
         raise Interrupted(latest, run_dir, preempted=preempted)
 
     while state.epoch < cfg.epochs:

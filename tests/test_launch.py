@@ -446,8 +446,10 @@ def test_only_client_0_writes_and_the_checkpoint_is_complete(launched):
         "recipe.yaml",
         "steps.jsonl",
         "tensorboard",
+        "train.log",
     ]
     assert len(metrics.read(out / "metrics.jsonl")) == 3  # one writer: no duplicated records
+    assert (out / "train.log").read_text().count("epoch 3/3 ") == 1
     steps = [r["step"] for r in metrics.read(out / "steps.jsonl")]
     assert steps == sorted(set(steps))
     assert "devices: cpu:8" in (out / "recipe.yaml").read_text()  # the mesh's total
