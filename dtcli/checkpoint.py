@@ -2,11 +2,14 @@
 
 A checkpoint is written into a hidden temporary folder and renamed into place
 (`checkpoints/ckpt-00000120/`): a crash, kill or full disk mid-save leaves the previous checkpoint
-as the latest complete one. Its `meta.json` (written last, before the rename) holds the step,
-epoch, mesh, versions and resolved recipe, so `dtcli eval` and `--resume` need nothing but the
-path, and the size and SHA-256 of every file TensorFlow wrote, so a checkpoint damaged later
-(truncated, overwritten, a garbled meta.json) is named as damaged instead of failing to restore.
-Where checkpoint folders live is the run directory's business (dtcli.rundir).
+as the latest complete one. On a remote file system (dtcli.storage: object stores cannot rename
+folders) it is written in place and counts only once its meta.json, written last, is there.
+`checkpoints/checkpoint` names the latest for `tf.train.latest_checkpoint`. Its `meta.json`
+(written last, before the rename) holds the step, epoch, mesh, versions and resolved recipe, so
+`dtcli eval` and `--resume` need nothing but the path, and the size and SHA-256 of every file
+TensorFlow wrote, so a checkpoint damaged later (truncated, overwritten, a garbled meta.json) is
+named as damaged instead of failing to restore. Where checkpoint folders live is the run
+directory's business (dtcli.rundir).
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dtcli import storage
 from dtcli.errors import TrainingError, UsageError
 
 META = "meta.json"
+# TensorFlow's CheckpointState file, read by tf.train.latest_checkpoint.
+STATE = "checkpoint"
 # Bumped when meta.json changes incompatibly; 2: per-file sizes and checksums.
 FORMAT = 2
 REQUIRED = ("format", "step", "epoch", "epoch_state", "mesh", "recipe", "weights", "files")
@@ -33,14 +38,14 @@ class DamagedCheckpoint(UsageError):
     """A checkpoint whose files are not what was written (one line, exit code 2)."""
 
     def __init__(self, checkpoint: Path, reason: str, message: str | None = None) -> None:
-        self.checkpoint = Path(checkpoint)
+        self.checkpoint = storage.as_path(checkpoint)
         self.reason = reason  # what is wrong, without the checkpoint's name
         super().__init__(message or f"checkpoint {checkpoint} is damaged: {reason}")
 
 
 def complete(folder: Path) -> list[Path]:
     """Complete checkpoints in a checkpoints folder, oldest first (not yet verified)."""
-    folder = Path(folder)
+    folder = storage.as_path(folder)
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / META).is_file()]
@@ -48,7 +53,7 @@ def complete(folder: Path) -> list[Path]:
 
 
 def looks_like_checkpoint(path: Path) -> bool:
-    path = Path(path)
+    path = storage.as_path(path)
     return path.is_dir() and ((path / META).exists() or bool(_NAME.match(path.name)))
 
 
@@ -70,7 +75,7 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
 
 def read_meta(checkpoint: Path) -> dict[str, Any]:
     """meta.json of a checkpoint, checked to be whole; DamagedCheckpoint otherwise."""
-    checkpoint = Path(checkpoint)
+    checkpoint = storage.as_path(checkpoint)
     try:
         text = (checkpoint / META).read_text()
     except FileNotFoundError:
@@ -100,7 +105,7 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 
 def verify(checkpoint: Path) -> dict[str, Any]:
     """Check every file against the sizes and checksums in meta.json; returns the meta."""
-    checkpoint = Path(checkpoint)
+    checkpoint = storage.as_path(checkpoint)
     meta = read_meta(checkpoint)
     for name, want in meta["files"].items():
         path = checkpoint / name
@@ -136,7 +141,9 @@ class Checkpointer:
     ):
         import tensorflow as tf
 
-        self.folder = Path(folder)
+        self.folder = storage.as_path(folder)
+        # Object stores cannot rename folders: there a checkpoint is written in place.
+        self.in_place = storage.is_remote(self.folder)
         self.keep = keep
         self.ckpt = tf.train.Checkpoint(**objects)
         self.chief = chief
@@ -155,20 +162,25 @@ class Checkpointer:
         """Remove what an interrupted save left (never visible as a checkpoint)."""
         if self.chief and self.folder.is_dir():
             for leftover in self.folder.glob(".tmp-ckpt-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
+                storage.rmtree(leftover, ignore_errors=True)
+            if self.in_place:  # a save cut short in place: a ckpt folder without meta.json
+                done = set(complete(self.folder))
+                for folder in self.folder.glob("ckpt-*"):
+                    if folder not in done:
+                        storage.rmtree(folder, ignore_errors=True)
 
     def save(self, step: int, meta: dict[str, Any]) -> Path:
         """Write a checkpoint; a failure (a full disk) leaves the earlier ones as they were."""
         import tensorflow as tf
 
         final = self.folder / f"ckpt-{step:08d}"
-        tmp = self.folder / f".tmp-ckpt-{step:08d}-{self.tag}"
+        tmp = final if self.in_place else self.folder / f".tmp-ckpt-{step:08d}-{self.tag}"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if self.barrier is None:
                 # With several writers none may delete what another has begun to write; their
                 # tag is new for each run, so the folder cannot hold an earlier attempt anyway.
-                shutil.rmtree(tmp, ignore_errors=True)
+                storage.rmtree(tmp, ignore_errors=True)
             self.ckpt.write(str(tmp / "ckpt"))
             if self.barrier is not None:
                 self.barrier()  # every client's shards are on disk
@@ -177,26 +189,38 @@ class Checkpointer:
                 self.last_step = step
                 return final
             meta = {**meta, "format": FORMAT, "files": _manifest(tmp)}
-            with (tmp / META).open("w") as f:
-                f.write(json.dumps(meta, indent=1))
-                f.flush()
-                os.fsync(f.fileno())
+            storage.fsync_write(tmp / META, json.dumps(meta, indent=1))
         except (OSError, tf.errors.OpError) as exc:
             if self.barrier is None:
-                shutil.rmtree(tmp, ignore_errors=True)
+                storage.rmtree(tmp, ignore_errors=True)
             reason = exc.strerror if isinstance(exc, OSError) else _first_line(exc)
             previous = self.latest()
             raise TrainingError(
                 f"saving checkpoint {final} failed ({reason}); the run stopped; earlier "
                 f"checkpoints are intact, the last: {previous or 'none'}"
             ) from None
-        if final.exists():  # the same step saved again (e.g. interrupted right after a save)
-            shutil.rmtree(final)
-        os.rename(tmp, final)  # atomic: the checkpoint is visible only once complete
-        for old in complete(self.folder)[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if not self.in_place:
+            if final.exists():  # the same step saved again (e.g. interrupted right after a save)
+                storage.rmtree(final)
+            storage.rename(tmp, final)  # atomic: the checkpoint is visible only once complete
+        kept = complete(self.folder)
+        for old in kept[: -self.keep]:
+            storage.rmtree(old, ignore_errors=True)
+        self._write_state(kept[-self.keep :])
         self.last_step = step
         return final
+
+    def _write_state(self, kept: list[Path]) -> None:
+        """TensorFlow's own pointer to the latest checkpoint (tf.train.latest_checkpoint); a
+        convenience: dtcli itself finds checkpoints by their meta.json."""
+        if not kept:
+            return
+        lines = [f'model_checkpoint_path: "{kept[-1].name}/ckpt"']
+        lines += [f'all_model_checkpoint_paths: "{p.name}/ckpt"' for p in kept]
+        try:
+            storage.write_atomic(self.folder / STATE, "\n".join(lines) + "\n")
+        except OSError:
+            pass  # a full disk right after a complete save: the checkpoint itself stands
 
     def restore(self, checkpoint: Path, weights: list | None = None, partial: bool = False) -> None:
         """Restore into the live objects, which may sit on another mesh than the writer's.
@@ -210,7 +234,7 @@ class Checkpointer:
         if weights is not None:
             check_weights(checkpoint, weights)
         try:
-            status = self.ckpt.read(str(Path(checkpoint) / "ckpt"))
+            status = self.ckpt.read(str(storage.as_path(checkpoint) / "ckpt"))
             if partial:
                 status.expect_partial()
             else:

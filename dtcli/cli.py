@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import typer
 
@@ -110,15 +109,15 @@ def _profile_steps(text: str | None) -> tuple[int, int] | None:
 
 @app.command()
 def train(
-    recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
+    recipe: str | None = typer.Argument(None, help="The recipe YAML file."),
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
     epochs: int | None = typer.Option(
         None, "--epochs", help="Override train.epochs (the total, also with --resume)."
     ),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
-    resume: Path | None = typer.Option(
+    out: str | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    resume: str | None = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
@@ -189,7 +188,7 @@ def train(
 
 @app.command()
 def launch(
-    recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
+    recipe: str | None = typer.Argument(None, help="The recipe YAML file."),
     clients: int = typer.Option(..., "--clients", help="How many client processes to start."),
     devices_per_client: str | None = typer.Option(
         None,
@@ -204,8 +203,8 @@ def launch(
     epochs: int | None = typer.Option(
         None, "--epochs", help="Override train.epochs (the total, also with --resume)."
     ),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
-    resume: Path | None = typer.Option(
+    out: str | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    resume: str | None = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint."
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
@@ -235,7 +234,7 @@ def launch(
 
 @app.command("eval")
 def eval_(
-    checkpoint: Path = typer.Argument(
+    checkpoint: str = typer.Argument(
         ..., help="A run directory (its latest checkpoint) or one checkpoint folder."
     ),
     split: str = typer.Option("eval", "--split", help="eval or train."),
@@ -283,7 +282,7 @@ def eval_(
 
 @app.command()
 def generate(
-    checkpoint: Path = typer.Argument(
+    checkpoint: str = typer.Argument(
         ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
     ),
     prompt: str = typer.Option("\n", "--prompt", help="The text to continue."),
@@ -310,8 +309,8 @@ def generate(
 
 @app.command()
 def export(
-    checkpoint: Path = typer.Argument(..., help="A run directory or one checkpoint folder."),
-    out: Path = typer.Option(..., "--out", help="Folder for the SavedModel."),
+    checkpoint: str = typer.Argument(..., help="A run directory or one checkpoint folder."),
+    out: str = typer.Option(..., "--out", help="Folder for the SavedModel."),
 ) -> None:
     """Export a checkpoint as a SavedModel serving plain tensors on one device."""
     from dtcli import evaluate as evaluate_lib
@@ -323,7 +322,7 @@ def export(
 
 @app.command()
 def plan(
-    recipe: Path = typer.Argument(..., help="The recipe YAML file."),
+    recipe: str = typer.Argument(..., help="The recipe YAML file."),
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
@@ -346,7 +345,7 @@ def plan(
 
 @app.command()
 def config(
-    recipe: Path | None = typer.Argument(None, help="The recipe YAML file."),
+    recipe: str | None = typer.Argument(None, help="The recipe YAML file."),
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
@@ -394,8 +393,8 @@ def doctor(
 
 @app.command()
 def plot(
-    run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
-    out: Path | None = typer.Option(
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories."),
+    out: str | None = typer.Option(
         None,
         "--out",
         help="Folder for the PNGs (default RUN_DIR/plots for one run, ./plots for several).",
@@ -408,10 +407,12 @@ def plot(
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""
+    from dtcli import storage
     from dtcli.plot import plot_runs
 
-    target = out or (run_dirs[0] / "plots" if len(run_dirs) == 1 else Path("plots"))
-    for path in plot_runs(run_dirs, target, metric or None):
+    paths = [storage.as_path(r) for r in run_dirs]
+    target = storage.as_path(out) if out else (paths[0] / "plots" if len(paths) == 1 else "plots")
+    for path in plot_runs(paths, target, metric or None):
         print(path)
 
 

@@ -21,8 +21,13 @@ from dtcli.recipe import Recipe
 
 def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
     from dtcli import devices as devices_lib
-    from dtcli import models
+    from dtcli import models, storage
 
+    if storage.is_remote(out):
+        raise UsageError(
+            f"--out {str(out)!r}: export writes a local folder (remote export is not supported "
+            "yet); export here and copy it"
+        )
     out = Path(out)
     rundir.check_output_folder(out, "--out")
     if out.is_dir() and any(out.iterdir()):

@@ -26,7 +26,7 @@ from typing import Any
 from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir
+from dtcli import rundir, storage
 from dtcli.errors import PREEMPTED_EXIT, TrainingError, UsageError
 
 LOOPBACK = "127.0.0.1"
@@ -81,13 +81,13 @@ def plan(
                 "give no RECIPE and no --out"
             )
         loaded = train_lib.resume_recipe(resume, sets, mesh=mesh, epochs=epochs)
-        rundir.require_intact(Path(resume), "--resume", "to resume from", _quiet)
-        run_dir = Path(resume)
+        rundir.require_intact(storage.as_path(resume), "--resume", "to resume from", _quiet)
+        run_dir = storage.as_path(resume)
     elif recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
     else:
         loaded = recipe_lib.load(recipe, sets, mesh=mesh, epochs=epochs)
-        run_dir = Path(out) if out is not None else rundir.default_path(loaded.name)
+        run_dir = storage.as_path(out) if out is not None else rundir.default_path(loaded.name)
         rundir.check_new(run_dir, "--out")
     devices, gpus = _devices(loaded, clients, devices_per_client)
     train_args: list[str] = []

@@ -8,30 +8,12 @@ the first record, so a run that fails before it trains a step leaves no event fi
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from dtcli import storage
 from dtcli.errors import TrainingError
-
-
-def append_line(path: Path, line: str) -> None:
-    """Append one line whole or not at all: a failed write (a full disk) is cut back off."""
-    path = Path(path)
-    data = (line + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(28, "No space left on device")
-        except OSError:
-            os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
 
 
 def tensorboard_tag(name: str, per_step: bool = False) -> str:
@@ -78,15 +60,15 @@ class MetricsWriter:
         tensorboard: Path | None = None,
         hparams: dict[str, Any] | None = None,
     ):
-        self.metrics = Path(metrics)
-        self.steps = Path(steps)
+        self.metrics = storage.as_path(metrics)
+        self.steps = storage.as_path(steps)
         self.tensorboard = tensorboard
         self.hparams = hparams
         self._tb = None
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         try:
-            append_line(path, json.dumps(record))
+            storage.append_line(path, json.dumps(record))
         except OSError as exc:
             raise TrainingError(
                 f"writing {path} failed ({exc.strerror or exc}); the run stopped; its "
@@ -144,7 +126,7 @@ class Profiler:
     steps more on each side."""
 
     def __init__(self, logdir: Path, start: int, stop: int):
-        self.logdir, self.start, self.stop = Path(logdir), start, stop
+        self.logdir, self.start, self.stop = logdir, start, stop
         self.running = False
         self.traced: tuple[int, int] | None = None  # the steps the trace covers, once written
         self._first = 0
@@ -178,7 +160,8 @@ def read(path: Path, warn: Any = None) -> list[dict[str, Any]]:
     with one warning that counts them."""
     records = []
     bad = []
-    for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+    text = storage.as_path(path).read_text(errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -202,10 +185,8 @@ def read(path: Path, warn: Any = None) -> list[dict[str, Any]]:
 
 def truncate_after(path: Path, step: int) -> None:
     """Drop records past `step` (resuming from an earlier checkpoint replays those epochs)."""
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.exists():
         return
     kept = [r for r in read(path) if isinstance(r.get("step"), int) and r["step"] <= step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
+    storage.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any
 
-from dtcli import rundir
+from dtcli import rundir, storage
 from dtcli.errors import UsageError
 from dtcli.metrics import read
 
@@ -59,7 +59,7 @@ def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str
             ) from None
         if not records:
             raise UsageError(f"RUN_DIR {str(run_dir)!r}: {path.name} holds no complete records")
-        name = Path(run_dir).resolve().name
+        name = storage.as_path(run_dir).resolve().name
         while name in runs:
             name += "'"
         runs[name] = records
@@ -79,7 +79,7 @@ def plot_runs(
     for metric in metrics or []:
         if metric not in FIGURES:
             raise UsageError(f"--metric {metric!r}: expected one of {', '.join(FIGURES)}")
-    out_dir = Path(out_dir)
+    out_dir = storage.as_path(out_dir)
     runs = load_runs(run_dirs, warn)  # first: a wrong RUN_DIR also makes its default --out wrong
     rundir.check_output_folder(out_dir, "--out", refuse_held=False)
     steps = load_steps(run_dirs, list(runs), warn)
@@ -138,14 +138,13 @@ def plot_runs(
         ax.grid(True, alpha=0.3)
         ax.legend()
         path = out_dir / f"{metric}.png"
-        # Written aside and renamed: a reader (or a plot of a running run) never sees half a PNG.
-        tmp = out_dir / f".{metric}.png.tmp"
         fig.tight_layout()
         try:
-            fig.savefig(tmp, dpi=100, format="png")
-            os.replace(tmp, path)
+            # Replaced whole: a reader (or a plot of a running run) never sees half a PNG.
+            image = io.BytesIO()
+            fig.savefig(image, dpi=100, format="png")
+            storage.write_atomic(path, image.getvalue())
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise UsageError(
                 f"--out {str(out_dir)!r}: cannot write {path.name} ({rundir.os_reason(exc)})"
             ) from None

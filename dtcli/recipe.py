@@ -895,7 +895,7 @@ def _resolve(recipe: Recipe) -> Recipe:
     return dataclasses.replace(recipe, data=d, train=t)
 
 
-def _read_file(p: Path) -> dict:
+def _read_file(p: Any) -> dict:
     """One recipe file as a raw mapping, exactly as written (no base, no ${VAR} yet)."""
     if not p.is_file():
         raise UsageError(f"recipe {str(p)!r}: no such file")
@@ -1013,8 +1013,10 @@ def read_raw(
     """Read a recipe file as a raw mapping (no validation yet): its `base:` files merged under
     it (a base path is relative to the file naming it), then ${NAME} references filled from
     the environment."""
+    from dtcli import storage
+
     env = os.environ if environ is None else environ
-    p = Path(path)
+    p = storage.as_path(path)
     raw = _read_file(p)
     where = repr(str(p))
     raw = _interpolate(raw, "", where, env)
@@ -1029,7 +1031,9 @@ def read_raw(
         raise UsageError(
             f"recipe {where}: key 'base': expected the path of another recipe file, got {base!r}"
         )
-    base_path = Path(base) if Path(base).is_absolute() else p.parent / base
+    base_path = storage.as_path(base)
+    if not base_path.is_absolute():
+        base_path = p.parent / base
     here = p.resolve()
     chain = (*_chain, here)
     if base_path.resolve() in chain:
@@ -1054,7 +1058,9 @@ def load(
     model = raw.get("model")
     if not isinstance(path, dict) and isinstance(model, dict) and model.get("build"):
         # A --set model.build=... names a module next to the recipe given.
-        model.setdefault("build_path", str(Path(path).resolve().parent))
+        from dtcli import storage
+
+        model.setdefault("build_path", str(storage.as_path(path).resolve().parent))
     if mesh is not None:
         raw["mesh"] = _with_layout_axes(parse_mesh_arg(mesh), raw.get("layouts"))
         if devices is None and isinstance(raw.get("devices"), str):

@@ -26,7 +26,6 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
+from dtcli import storage
 from dtcli.errors import UsageError
 
 RECIPE = "recipe.yaml"
@@ -79,7 +79,10 @@ def _read_lock(path: Path) -> dict[str, Any]:
 
 
 def held_by(run_dir: Path) -> dict[str, Any] | None:
-    """Who holds the run's lock now (None: nobody), without taking it."""
+    """Who holds the run's lock now (None: nobody), without taking it. Remote run directories
+    have no lock (object stores cannot lock)."""
+    if storage.is_remote(run_dir):
+        return None
     path = Path(run_dir) / LOCK
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -219,7 +222,7 @@ class RunDir:
 
     def write_text(self, path: Path, text: str) -> None:
         """Write a whole file so that readers see the old or the new content, never a part."""
-        write_atomic(path, text)
+        storage.write_atomic(path, text)
 
     def release(self) -> None:
         if self.lock is not None:
@@ -232,21 +235,10 @@ class RunDir:
         resumable = bool(self.complete_checkpoints())
         self.release()
         if self.created and not resumable:
-            shutil.rmtree(self.path, ignore_errors=True)
+            storage.rmtree(self.path, ignore_errors=True)
             for parent in self.made_parents:  # innermost first
                 with contextlib.suppress(OSError):
                     parent.rmdir()  # only if empty
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def _blocking_parent(path: Path) -> Path | None:
@@ -259,7 +251,7 @@ def _blocking_parent(path: Path) -> Path | None:
 
 def check_new(path: Path, arg: str = "--out") -> None:
     """A new run may be written at `path` (checked without creating anything)."""
-    path = Path(path)
+    path = storage.as_path(path)
     if path.is_dir():
         info = held_by(path)
         if info is not None:
@@ -278,8 +270,9 @@ def check_new(path: Path, arg: str = "--out") -> None:
 
 
 def create(path: Path, arg: str = "--out", warn: Warn = _stderr) -> RunDir:
-    """Make (or take, when empty) the folder of a new run and lock it."""
-    path = Path(path)
+    """Make (or take, when empty) the folder of a new run and lock it (a local one: remote run
+    directories have no lock)."""
+    path = storage.as_path(path)
     check_new(path, arg)
     created = False
     made = [p for p in path.parents if not p.exists()]  # innermost first
@@ -297,6 +290,8 @@ def create(path: Path, arg: str = "--out", warn: Warn = _stderr) -> RunDir:
     run = RunDir(path, created=created, made_parents=made)
     # If this fails, another writer took the folder between our mkdir and our lock: it is
     # theirs now, and nothing of it is ours to remove.
+    if storage.is_remote(path):
+        return run
     run.lock = Lock(path, arg, warn)
     try:
         check_new_locked(path, arg)
@@ -318,7 +313,7 @@ def check_new_locked(path: Path, arg: str) -> None:
 
 
 def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.is_dir():
         what = "no such folder" if not path.exists() else "not a folder"
         raise UsageError(f"{arg} {str(path)!r}: {what}")
@@ -332,21 +327,22 @@ def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) 
 
 def open_for_resume(path: Path, arg: str = "--resume", warn: Warn = _stderr) -> RunDir:
     """Lock an existing run to continue it."""
-    path = Path(path)
+    path = storage.as_path(path)
     check_resumable(path, arg)
-    return RunDir(path, created=False, lock=Lock(path, arg, warn))
+    lock = None if storage.is_remote(path) else Lock(path, arg, warn)
+    return RunDir(path, created=False, lock=lock)
 
 
 def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True) -> Path:
     """The run's recipe file, checked to be there (what `--resume` loads). `check_lock=False`:
     for clients 1.. of a multi-client run, whose client 0 holds the lock."""
     check_resumable(path, arg, check_lock)
-    return Path(path) / RECIPE
+    return storage.as_path(path) / RECIPE
 
 
 def unlocked(path: Path) -> RunDir:
     """A run written by several clients: only client 0 holds the lock and creates the folder."""
-    return RunDir(Path(path))
+    return RunDir(storage.as_path(path))
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -354,7 +350,7 @@ def unlocked(path: Path) -> RunDir:
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint folders of a run that were completed (renamed into place), oldest first."""
-    return ckpt_lib.complete(Path(run_dir) / CHECKPOINTS)
+    return ckpt_lib.complete(storage.as_path(run_dir) / CHECKPOINTS)
 
 
 def _scan(run_dir: Path) -> tuple[Path | None, list[ckpt_lib.DamagedCheckpoint]]:
@@ -406,7 +402,7 @@ def require_intact(run_dir: Path, arg: str, wanted: str, warn: Warn = _stderr) -
 
 def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -> Path:
     """A checkpoint folder (verified), or the newest intact checkpoint of a run directory."""
-    path = Path(path)
+    path = storage.as_path(path)
     if not path.exists():
         raise UsageError(f"{arg} {str(path)!r}: no such file or folder")
     if ckpt_lib.looks_like_checkpoint(path):
@@ -423,12 +419,12 @@ def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -
 
 
 def run_of_checkpoint(checkpoint: Path) -> Path:
-    return Path(checkpoint).parent.parent
+    return storage.as_path(checkpoint).parent.parent
 
 
 def metrics_file(run_dir: Path, arg: str = "RUN_DIR") -> Path:
     """The epoch metrics of a run, for reading (plot)."""
-    run_dir = Path(run_dir)
+    run_dir = storage.as_path(run_dir)
     if not run_dir.is_dir():
         what = "not a folder" if run_dir.exists() else "no such folder"
         raise UsageError(f"{arg} {str(run_dir)!r}: {what}")
@@ -439,7 +435,7 @@ def metrics_file(run_dir: Path, arg: str = "RUN_DIR") -> Path:
 
 
 def steps_file(run_dir: Path) -> Path:
-    return Path(run_dir) / STEPS
+    return storage.as_path(run_dir) / STEPS
 
 
 def check_output_folder(path: Path, arg: str = "--out", refuse_held: bool = True) -> None:
@@ -447,7 +443,7 @@ def check_output_folder(path: Path, arg: str = "--out", refuse_held: bool = True
 
     `refuse_held`: not inside a run another process is writing (plot may draw into a running
     run's plots/, since it replaces each PNG whole)."""
-    path = Path(path)
+    path = storage.as_path(path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder")
     blocking = _blocking_parent(path)

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dtcli import metrics as metrics_lib
+from dtcli import storage
 
 
 class LoggedConsole(Console):
@@ -31,7 +31,7 @@ class LoggedConsole(Console):
         self._plain = Console(
             file=self._pending, no_color=True, highlight=False, soft_wrap=True, width=240
         )
-        self._path: Path | None = None
+        self._path: Any = None
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         super().print(*objects, **kwargs)
@@ -43,9 +43,9 @@ class LoggedConsole(Console):
         self._pending.write(line.rstrip("\n") + "\n")
         self._flush()
 
-    def commit(self, path: Path, header: str) -> None:
+    def commit(self, path: Any, header: str) -> None:
         """From now on lines go to `path` (appended: a resumed run continues its log)."""
-        self._path = Path(path)
+        self._path = storage.as_path(path)
         text = self._pending.getvalue()
         self._pending.seek(0)
         self._pending.truncate()
@@ -61,7 +61,7 @@ class LoggedConsole(Console):
         self._pending.seek(0)
         self._pending.truncate()
         try:
-            metrics_lib.append_line(self._path, text.rstrip("\n"))
+            storage.append_line(self._path, text.rstrip("\n"))
         except OSError as exc:
             path, self._path = self._path, None
             print(

@@ -28,7 +28,7 @@ from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir, runlog
+from dtcli import rundir, runlog, storage
 from dtcli.errors import INTERRUPTED_EXIT, PREEMPTED_EXIT, TrainingError, UsageError
 from dtcli.recipe import Recipe
 from dtcli.session import (
@@ -159,7 +159,7 @@ def train(
             cluster.num_clients,
             "recipe key 'devices'",
         )
-    path = Path(resume or out or rundir.default_path(recipe.name))
+    path = storage.as_path(resume or out or rundir.default_path(recipe.name))
     if not chief:
         run = rundir.unlocked(path)
     elif resume is not None:
@@ -357,14 +357,14 @@ def _commit_resume(
         run.write_text(run.recipe, recipe_lib.dump(recipe))
         record = {
             "time": datetime.now().isoformat(timespec="seconds"),
-            "checkpoint": Path(checkpoint).name,
+            "checkpoint": storage.as_path(checkpoint).name,
             "step": step,
             "epoch": meta["epoch"],
             "changes": changes,
             "host": socket.gethostname(),
             "pid": os.getpid(),
         }
-        metrics_lib.append_line(run.resumes, json.dumps(record))
+        storage.append_line(run.resumes, json.dumps(record))
         checkpointer.clean()
         if isinstance(console, runlog.LoggedConsole):
             console.commit(run.train_log, runlog.header())
@@ -381,14 +381,14 @@ def _agree(
     (a default run directory carries a timestamp that differs between clients)."""
     if cluster.is_chief:
         return run_dir, latest
-    chosen = Path(cluster.leader["run_dir"])
+    chosen = storage.as_path(cluster.leader["run_dir"])
     if explicit and chosen.resolve() != run_dir.resolve():
         raise UsageError(
             f"--out {str(run_dir)!r}: client 0 writes the run to {str(chosen)!r}; every client "
             "needs the same run directory (on storage they all share)"
         )
     resume_from = cluster.leader.get("resume_from")
-    return chosen, Path(resume_from) if resume_from else None
+    return chosen, storage.as_path(resume_from) if resume_from else None
 
 
 class _NoWriter:

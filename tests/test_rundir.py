@@ -314,3 +314,40 @@ def test_disk_full_during_a_save_one_line_checkpoints_intact_resume_works(
     r = cli("train", "--resume", run, "--epochs", "2", "--no-progress")
     assert r.code == 0, r.err
     assert [p.name for p in rundir.complete_checkpoints(run)] == ["ckpt-00000003", "ckpt-00000006"]
+
+
+# --------------------------------------------------------------------------- storage
+
+
+# Direct file-system calls allowed in the run directory's modules: the local lock (flock has no
+# remote equivalent; remote run directories have no lock), the default local run folder, and
+# reading argv. Everything else goes through dtcli.storage (tf.io.gfile for URLs).
+ALLOWED = (
+    'Path("runs")',
+    "Path(run_dir) / LOCK",
+    "os.open(path, os.O_RDONLY)",
+    "os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)",
+    "os.unlink(self.path)",
+    "Path(args[0]).name",
+)
+RUN_DIR_MODULES = (
+    "rundir", "checkpoint", "metrics", "runlog", "train", "evaluate", "plot", "generate",
+    "launch", "recipe",
+)  # fmt: skip
+
+
+def test_no_run_directory_path_bypasses_storage():
+    import re
+
+    direct = re.compile(
+        r"\bos\.(replace|rename|open|unlink|remove|makedirs|listdir|fsync|scandir)\(|\bshutil\."
+        r"|(?<![.\w])open\(|(?<![.\w])Path\("
+    )
+    found = []
+    for name in RUN_DIR_MODULES:
+        path = ROOT / "dtcli" / f"{name}.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if direct.search(code) and not any(a in code for a in ALLOWED):
+                found.append(f"{name}.py:{number}: {line.strip()}")
+    assert found == []

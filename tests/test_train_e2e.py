@@ -451,3 +451,79 @@ def test_user_model_code_beside_the_recipe_trains_and_evaluates_from_anywhere(tm
     assert (
         abs(json.loads(result.stdout.splitlines()[-1])["accuracy"] - final["eval_accuracy"]) <= 1e-6
     )
+
+
+# --------------------------------------------------------------------------- remote run directories
+
+
+def test_a_ram_run_directory_trains_evaluates_resumes_and_plots(run4, cli):
+    """`ram://` is TensorFlow's in-memory file system: everything of the run goes through
+    tf.io.gfile (a local write would not be there). Resumed to 4 epochs it ends as the local
+    4-epoch run does; TensorFlow's own latest_checkpoint finds dtcli's checkpoints."""
+    import tensorflow as tf
+
+    out = "ram://e2e/q"
+    assert cli("train", QUICK, "--epochs", "2", "--out", out, "--no-progress").code == 0
+    ev = cli("eval", out, "--json")
+    assert ev.code == 0, ev.err
+    assert json.loads(ev.out.splitlines()[-1])["checkpoint"] == f"{out}/checkpoints/ckpt-00000046"
+    res = cli("train", "--resume", out, "--epochs", "4", "--no-progress")
+    assert res.code == 0, res.err
+    assert cli("plot", out).code == 0
+    names = set(tf.io.gfile.listdir(out))
+    assert {"recipe.yaml", "metrics.jsonl", "steps.jsonl", "resumes.jsonl", "train.log"} <= names
+    assert {"checkpoints", "tensorboard", "plots"} <= {n.rstrip("/") for n in names}
+    assert not any(n.startswith(".") for n in tf.io.gfile.listdir(f"{out}/checkpoints"))
+    remote = metrics.read(f"{out}/metrics.jsonl")
+    local = metrics.read(run4 / "metrics.jsonl")
+    assert [r["epoch"] for r in remote] == [1, 2, 3, 4]
+    for key in ("train_loss", "eval_loss", "eval_accuracy", "step"):
+        assert remote[-1][key] == pytest.approx(local[-1][key], rel=1e-5), key
+    assert (
+        tf.train.latest_checkpoint(f"{out}/checkpoints") == f"{out}/checkpoints/ckpt-00000092/ckpt"
+    )
+    latest = rundir.complete_checkpoints(run4)[-1]
+    assert tf.train.latest_checkpoint(str(run4 / "checkpoints")) == str(latest / "ckpt")
+    # bad input on a remote run directory: still one line, exit 2
+    again = cli("train", QUICK, "--out", out, "--no-progress")
+    assert again.code == 2 and "the folder exists and is not empty" in again.err
+    gone = cli("eval", "ram://e2e/nothing")
+    assert gone.code == 2 and gone.err.startswith("error: CHECKPOINT 'ram://e2e/nothing': no such")
+    tf.io.gfile.rmtree("ram://e2e")
+
+
+def test_a_remote_checkpoint_counts_only_once_its_meta_json_is_written(cli):
+    """Object stores cannot rename folders: in place, meta.json written last is the commit."""
+    import tensorflow as tf
+
+    from dtcli import storage
+
+    folder = storage.as_path("ram://commit/run/checkpoints")
+    (folder / "ckpt-00000010").mkdir(parents=True)
+    (folder / "ckpt-00000010" / "ckpt.index").write_bytes(b"x")  # a save cut short
+    assert ckpt_lib.complete(folder) == []
+    (folder / "ckpt-00000010" / ckpt_lib.META).write_text("{}")
+    assert ckpt_lib.complete(folder) == [folder / "ckpt-00000010"]
+    tf.io.gfile.rmtree("ram://commit")
+
+
+def test_storage_paths_behave_like_pathlib_where_dtcli_uses_them(cli):
+    from dtcli import storage
+
+    p = storage.as_path("ram://b//runs/x/")
+    assert str(p) == "ram://b/runs/x" and p.name == "x" and str(p.parent) == "ram://b/runs"
+    assert [str(q) for q in p.parents] == ["ram://b/runs", "ram://b"]
+    assert storage.as_path("runs/x") == Path("runs/x") and not storage.is_remote("runs/x")
+    assert not p.exists() and not p.is_dir()
+    with pytest.raises(FileNotFoundError):
+        p.read_text()
+    p.mkdir(parents=True)
+    storage.append_line(p / "m.jsonl", "one")
+    storage.append_line(p / "m.jsonl", "two")
+    assert (p / "m.jsonl").read_text() == "one\ntwo\n" and (p / "m.jsonl").stat().st_size == 8
+    storage.write_atomic(p / "m.jsonl", "three\n")
+    assert [q.name for q in p.iterdir()] == ["m.jsonl"] and p.glob("*.jsonl") == [p / "m.jsonl"]
+    with pytest.raises(OSError):
+        p.rmdir()  # not empty
+    storage.rmtree(p.parent.parent)
+    assert not p.exists()
