@@ -2,9 +2,9 @@
 
 DTensor's own multi-client runtime does the work (one process per host, gRPC between them); this
 module only describes it (`--client-id`/`--jobs`, DTensor's `DTENSOR_*` variables, or what a
-scheduler hands each worker: `TF_CONFIG`, SLURM's `srun` variables) and checks it before
-TensorFlow starts. Without the check, a missing peer, a wrong address or a port held by a
-stale process makes `initialize_accelerator_system` wait forever or fail with a bare
+scheduler hands each worker: `TF_CONFIG`, SLURM's `srun` variables, a TPU VM's `TPU_WORKER_*`)
+and checks it before TensorFlow starts. Without the check, a missing peer, a wrong address or a
+port held by a stale process makes `initialize_accelerator_system` wait forever or fail with a bare
 "Could not start gRPC server".
 
 The preflight runs on each client's own job port (the address in `--jobs`), before TensorFlow's
@@ -81,7 +81,8 @@ def from_args(
     client_id: int | None, jobs: str | None, environ: typing.Mapping[str, str] | None = None
 ) -> Cluster | None:
     """The cluster from `--client-id`/`--jobs`, else DTensor's variables, else a scheduler's
-    (`TF_CONFIG` of Kubeflow/Vertex AI, then SLURM's `srun`); None: one process.
+    (`TF_CONFIG` of Kubeflow/Vertex AI, then SLURM's `srun`, then a TPU VM slice's); None: one
+    process.
 
     The client count is the length of the jobs list (DTensor dropped DTENSOR_NUM_CLIENTS).
     """
@@ -90,6 +91,8 @@ def from_args(
         found = from_tf_config(env)
         if found is None:
             found = from_slurm(env)
+        if found is None:
+            found = from_tpu_vm(env)
         if found is not None:
             return found if found.num_clients > 1 else None
     jobs_where = "--jobs" if jobs is not None else ENV_JOBS
@@ -285,6 +288,27 @@ def from_slurm(environ: typing.Mapping[str, str]) -> Cluster | None:
     if not 0 <= procid < ntasks:
         raise UsageError(f"SLURM: SLURM_PROCID {procid}: expected 0 to {ntasks - 1}")
     return Cluster(procid, jobs, DEFAULT_JOB_NAME, where="SLURM")
+
+
+def from_tpu_vm(environ: typing.Mapping[str, str]) -> Cluster | None:
+    """The hosts of a Cloud TPU VM slice, from the variables its runtime sets on every host
+    (`TPU_WORKER_ID`, `TPU_WORKER_HOSTNAMES`; what TensorFlow's and JAX's TPU resolvers read
+    on a TPU VM), each host's client on port DTCLI_PORT."""
+    hosts_text = environ.get("TPU_WORKER_HOSTNAMES", "").strip()
+    if not hosts_text or "TPU_WORKER_ID" not in environ:
+        return None
+    hosts = [h.strip() for h in hosts_text.split(",") if h.strip()]
+    worker = environ["TPU_WORKER_ID"].strip()
+    if not worker.isdigit() or int(worker) >= len(hosts):
+        raise UsageError(
+            f"TPU_WORKER_ID: expected 0 to {len(hosts) - 1} (TPU_WORKER_HOSTNAMES lists "
+            f"{len(hosts)} hosts), got {worker!r}"
+        )
+    port_text = environ.get(ENV_PORT, str(DEFAULT_PORT)).strip()
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"{ENV_PORT}: expected a port number, got {port_text!r}")
+    jobs = _entries([f"{h}:{port_text}" for h in hosts], "TPU_WORKER_HOSTNAMES")
+    return Cluster(int(worker), jobs, DEFAULT_JOB_NAME, where="TPU_WORKER_HOSTNAMES")
 
 
 def export_env(cluster: Cluster) -> None:

@@ -45,6 +45,8 @@ def test_doctor_fails_when_all_reduce_combining_is_forced_on():
     # step, its update inside a tf.cond in a loop of K steps, measured right even with the flag
     # on; train refuses the flag all the same, below.)
     assert "probe: DTensor runtime (fused step)" in failed
+    # dtcli's own probes would say nothing on a runtime that is wrong already: not run, and said
+    assert "probe: dtcli train steps" in failed and "not run: DTensor's own" in proc.stdout
 
 
 def test_train_refuses_the_flag_that_gives_wrong_weights(tmp_path):

@@ -160,6 +160,18 @@ def slurm_env(**extra: str) -> dict[str, str]:
     }
 
 
+def test_cluster_from_tpu_vm_variables():
+    tpu = {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3"}
+    c = cluster_lib.from_args(None, None, environ=tpu)
+    assert (c.client_id, c.jobs[2], c.num_clients, c.where) == (
+        2, "t1k-w-2:23456", 4, "TPU_WORKER_HOSTNAMES"
+    )  # fmt: skip
+    one_host = {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "h"}  # a single-host slice
+    assert cluster_lib.from_args(None, None, environ=one_host) is None
+    with pytest.raises(UsageError, match=r"TPU_WORKER_ID: expected 0 to 3 .* got '7'"):
+        cluster_lib.from_args(None, None, environ={**tpu, "TPU_WORKER_ID": "7"})
+
+
 def test_cluster_from_slurm_step_variables():
     c = cluster_lib.from_args(None, None, environ=slurm_env())
     assert c.client_id == 3 and c.where == "SLURM"
