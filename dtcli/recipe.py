@@ -1085,15 +1085,7 @@ def load(
 
 def to_mapping(recipe: Recipe) -> dict:
     """The recipe as plain YAML-ready data (tuples become lists)."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
-
-    return plain(dataclasses.asdict(recipe))
+    return _plain(dataclasses.asdict(recipe))
 
 
 def dump(recipe: Recipe) -> str:
@@ -1160,6 +1152,7 @@ _FLOAT_PATTERN = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
 
 
 def _plain(value: Any) -> Any:
+    """Mappings and sequences as dicts and lists, all the way down."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

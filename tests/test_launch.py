@@ -487,27 +487,16 @@ def test_a_two_client_checkpoint_evaluates_on_one_device(launched):
 
 
 @pytest.mark.slow
-def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launched, tmp_path):
-    out = tmp_path / "run"
+def launch_and_signal(
+    args: list[str], out, sig: int, extra_env: dict | None = None, timeout: float = 60
+) -> tuple[subprocess.Popen, list[int], str, float]:
+    """`dtcli launch ARGS`; once the run's first checkpoint is complete, `sig` to client 1.
+    Returns the (exited) launcher, the client pids, its stderr and the seconds from the signal
+    to its exit. Nothing is left running, even when an assert failed."""
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dtcli.cli",
-            "launch",
-            "--clients",
-            "2",
-            QUICK,
-            "--epochs",
-            "40",
-            "--set",
-            "train.checkpoint_every=1",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
+        [sys.executable, "-m", "dtcli", "launch", *args],
         cwd=ROOT,
-        env=env(),
+        env={**env(), **(extra_env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -520,17 +509,25 @@ def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launche
         while not rundir.complete_checkpoints(out):
             assert launcher.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        os.kill(pids[1], signal.SIGKILL)
-        killed = time.monotonic()
-        _, stderr = launcher.communicate(timeout=60)
-        stopped_after = time.monotonic() - killed
+        os.kill(pids[1], sig)
+        sent = time.monotonic()
+        _, stderr = launcher.communicate(timeout=timeout)
+        return launcher, pids, stderr, time.monotonic() - sent
     finally:
-        for pid in [launcher.pid, *pids]:  # leave nothing behind, even when an assert failed
+        for pid in [launcher.pid, *pids]:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         launcher.wait(timeout=30)
+
+
+def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launched, tmp_path):
+    out = tmp_path / "run"
+    args = ["--clients", "2", QUICK, "--epochs", "40", "--set", "train.checkpoint_every=1"]
+    launcher, pids, stderr, stopped_after = launch_and_signal(
+        [*args, "--out", str(out), "--no-progress"], out, signal.SIGKILL
+    )
     assert launcher.returncode == 1, stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: client 1 failed (killed by SIGKILL); stopped the other clients")
@@ -562,32 +559,15 @@ def test_sigterm_to_one_client_all_save_one_checkpoint_exit_143_and_resume_equal
     through the same train call, write one checkpoint together and exit 143; so does the
     launcher. Resumed, the run ends where the uninterrupted one does."""
     out = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "dtcli", "launch", "--clients", "2", QUICK, "--epochs", EPOCHS,
-         "--set", "train.checkpoint_every=1", "--out", str(out), "--no-progress"],
-        cwd=ROOT,
-        env={**env(), "DTCLI_TEST_PAUSE_IN_SAVE": "3"},  # slow saves: the notice (TF checks for it each second) lands mid-run
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    pids: list[int] = []
-    try:
-        pids = pids_of(launcher.stderr.readline())
-        deadline = time.monotonic() + 600
-        while not rundir.complete_checkpoints(out):
-            assert launcher.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        os.kill(pids[1], signal.SIGTERM)
-        _, stderr = launcher.communicate(timeout=120)
-    finally:
-        for pid in [launcher.pid, *pids]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        launcher.wait(timeout=30)
+    args = ["--clients", "2", QUICK, "--epochs", EPOCHS, "--set", "train.checkpoint_every=1"]
+    launcher, pids, stderr, _ = launch_and_signal(
+        [*args, "--out", str(out), "--no-progress"],
+        out,
+        signal.SIGTERM,
+        # slow saves: the notice (TF checks for it each second) lands mid-run
+        {"DTCLI_TEST_PAUSE_IN_SAVE": "3"},
+        timeout=120,
+    )
     assert launcher.returncode == 143, stderr
     latest = rundir.complete_checkpoints(out)[-1]
     step = ckpt_lib.read_meta(latest)["step"]
