@@ -84,8 +84,10 @@ GraceOption = typer.Option(
 
 
 def _check_grace(seconds: float) -> None:
-    if not seconds > 0:
-        raise UsageError(f"--grace-period {seconds:g}: expected a positive number of seconds")
+    if not 0 < seconds <= 86400:
+        raise UsageError(
+            f"--grace-period {seconds:g}: expected seconds, more than 0 and at most 86400 (a day)"
+        )
 
 
 def _check_timeout(seconds: float) -> None:
@@ -182,7 +184,8 @@ def train(
     except train_lib.Interrupted as exc:
         print(str(exc), file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
-    if os.environ.get("DTCLI_LAUNCHED") != "1" and (cluster is None or cluster.is_chief):
+    launched = os.environ.get(train_lib.LAUNCHED_ENV) == "1"
+    if not launched and (cluster is None or cluster.is_chief):
         print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
 
 
@@ -229,7 +232,13 @@ def launch(
         connect_timeout=connect_timeout,
         grace=grace_period,
     )
-    print(launch_lib.run(launch_plan, progress=not no_progress))
+    from dtcli import train as train_lib
+
+    try:
+        print(launch_lib.run(launch_plan, progress=not no_progress))
+    except train_lib.Interrupted as exc:
+        print(str(exc), file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command("eval")

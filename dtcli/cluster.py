@@ -270,7 +270,9 @@ def from_slurm(environ: typing.Mapping[str, str]) -> Cluster | None:
         if not value.isdigit():
             raise UsageError(f"SLURM: {name}: expected an integer, got {value!r}")
     ntasks, procid = int(ntasks_text), int(procid_text)
-    if ntasks <= 1:
+    if ntasks < 1:
+        raise UsageError(f"SLURM: SLURM_STEP_NUM_TASKS: expected a positive integer, got {ntasks}")
+    if ntasks == 1:
         return Cluster(0, ("localhost:0",), where="SLURM")  # one task: one process
     nodes = expand_nodelist(need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"))
     per_node = expand_tasks_per_node(need("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
@@ -280,8 +282,11 @@ def from_slurm(environ: typing.Mapping[str, str]) -> Cluster | None:
             f"for {ntasks} tasks; they disagree"
         )
     port_text = environ.get(ENV_PORT, str(DEFAULT_PORT)).strip()
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536 - max(per_node):
-        raise UsageError(f"{ENV_PORT}: expected a port number, got {port_text!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) <= 65536 - max(per_node):
+        raise UsageError(
+            f"{ENV_PORT}: expected a port from 1 to {65536 - max(per_node)} (a node's "
+            f"{max(per_node)} tasks use it and the ports after it), got {port_text!r}"
+        )
     port = int(port_text)
     # srun's default (block) distribution numbers the tasks node by node.
     jobs = tuple(f"{node}:{port + local}" for node, k in zip(nodes, per_node) for local in range(k))

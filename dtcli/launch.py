@@ -30,8 +30,6 @@ from dtcli import rundir, storage
 from dtcli.errors import PREEMPTED_EXIT, TrainingError, UsageError
 
 LOOPBACK = "127.0.0.1"
-# Set for the clients this launcher starts.
-LAUNCHED_ENV = "DTCLI_LAUNCHED"
 # How long stopped clients get to exit on SIGINT before SIGKILL.
 STOP_GRACE_S = 3.0
 
@@ -200,7 +198,7 @@ def _env(p: LaunchPlan, client: int, progress: bool) -> dict[str, str]:
     for key in (cluster_lib.ENV_JOBS, cluster_lib.ENV_CLIENT_ID):
         env.pop(key, None)  # the command line says who each client is
     env["PYTHONUNBUFFERED"] = "1"
-    env[LAUNCHED_ENV] = "1"  # the launcher prints the run directory, once
+    env[train_lib.LAUNCHED_ENV] = "1"  # the launcher prints the run directory, once
     if env.get("DTCLI_TF_LOGS") != "1":
         # When a client dies, every other one logs the same gRPC errors natively, several lines
         # each; the one-line Python error of each client says it all.
@@ -229,9 +227,13 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
     procs: list[subprocess.Popen] = []
     lines: queue.Queue = queue.Queue()
 
+    preempting = False
+
     def forward_sigterm(signum: int, frame: Any) -> None:
         # A scheduler preempting the launcher: every client gets the notice (TensorFlow records
         # it; the clients agree on a step, save once and exit 143).
+        nonlocal preempting
+        preempting = True
         for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -268,8 +270,15 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
         _stop(procs)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if failed is None and procs and all(q.returncode == PREEMPTED_EXIT for q in procs):
-        raise ClientFailed(f"preempted (SIGTERM); {_resume_hint(p)}", exit_code=PREEMPTED_EXIT)
+    preempted = procs and all(q.returncode == PREEMPTED_EXIT for q in procs)
+    if preempting or (failed is None and preempted):
+        # Preempted, the launcher or a client: requeue. (A SIGTERM before the clients' runtime
+        # started ends them at once; client 0 then removes a new run that has no checkpoint.)
+        from dtcli import train as train_lib
+
+        raise train_lib.Interrupted(
+            None, None, preempted=True, message=f"preempted (SIGTERM); {_resume_hint(p)}"
+        )
     if failed is not None:
         client, code, last = failed
         how = _describe_exit(code)

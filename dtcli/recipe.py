@@ -897,6 +897,8 @@ def _resolve(recipe: Recipe) -> Recipe:
 
 def _read_file(p: Any) -> dict:
     """One recipe file as a raw mapping, exactly as written (no base, no ${VAR} yet)."""
+    if p.is_dir():
+        raise UsageError(f"recipe {str(p)!r}: is a folder, expected a recipe file")
     if not p.is_file():
         raise UsageError(f"recipe {str(p)!r}: no such file")
     try:
@@ -962,6 +964,11 @@ def _interpolate(
         if match.group(0) == "$${":
             return "${"
         name, default = match.group(1), match.group(2)
+        if default is not None and "${" in default:
+            raise UsageError(
+                f"recipe {where}: key '{path}': a default holding another reference "
+                f"({match.group(0)}...) is not supported; give a plain default"
+            )
         if name is None:
             raise UsageError(
                 f"recipe {where}: key '{path}': {match.group(0)!r} is not a variable reference; "
@@ -1040,7 +1047,8 @@ def read_raw(
         names = " -> ".join(str(c.name) for c in (*chain, base_path.resolve()))
         raise UsageError(f"recipe {where}: key 'base': the base chain loops ({names})")
     if not base_path.is_file():
-        raise UsageError(f"recipe {where}: key 'base': no such file {str(base_path)!r}")
+        what = "is a folder, not" if base_path.is_dir() else "no such file"
+        raise UsageError(f"recipe {where}: key 'base': {what} {str(base_path)!r}")
     return _merge(read_raw(base_path, env, chain), raw)
 
 

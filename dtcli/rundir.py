@@ -256,7 +256,7 @@ def check_new(path: Path, arg: str = "--out") -> None:
         info = held_by(path)
         if info is not None:
             raise _held_error(arg, path, info)
-        if any(path.iterdir()):
+        if _holds_more_than_a_start(path):
             raise UsageError(
                 f"{arg} {str(path)!r}: the folder exists and is not empty "
                 "(use --resume to continue a run, or choose another folder)"
@@ -301,11 +301,17 @@ def create(path: Path, arg: str = "--out", warn: Warn = _stderr) -> RunDir:
     return run
 
 
+def _holds_more_than_a_start(path: Path) -> bool:
+    """Whether the folder holds more than a run that never got going leaves: its lock file and
+    the start of its log (a process killed while it set up). Such a folder is taken anew, so
+    that a requeued job's `--out` works."""
+    return any(p.name not in (LOCK, TRAIN_LOG) for p in path.iterdir())
+
+
 def check_new_locked(path: Path, arg: str) -> None:
     """Under the lock: the folder must still hold nothing but it (another writer may have
     begun and finished between the first check and the lock)."""
-    others = [p for p in path.iterdir() if p.name != LOCK]
-    if others:
+    if _holds_more_than_a_start(path):
         raise UsageError(
             f"{arg} {str(path)!r}: the folder exists and is not empty "
             "(use --resume to continue a run, or choose another folder)"

@@ -138,6 +138,51 @@ def train(
     seconds); all clients train and save checkpoints together, only client 0 holds the lock and
     writes the recipe, metrics and plots.
     """
+    with _sigterm_outside_the_loop():
+        return _open_and_train(
+            recipe, out, resume, console, progress, cluster, connect_timeout, grace, profile
+        )
+
+
+@contextlib.contextmanager
+def _sigterm_outside_the_loop() -> Iterator[None]:
+    """SIGTERM while the run is set up (or wound down): stop at once as an exception, so that a
+    new run without a checkpoint is removed and a resume left as it was, exit 143. (In the loop
+    _StopOnSignal takes over and saves; in a multi-client run TensorFlow's runtime takes the
+    signal once it has started, see _PreemptionWatch.)"""
+    import signal
+    import threading
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Interrupted(
+            None,
+            None,
+            preempted=True,
+            message="preempted (SIGTERM) outside the training loop; nothing new was saved (a "
+            "new run without a checkpoint is removed, an existing run keeps its checkpoints)",
+        )
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _open_and_train(
+    recipe: Recipe,
+    out: Path | None,
+    resume: Path | None,
+    console: Any,
+    progress: bool,
+    cluster: cluster_lib.Cluster | None,
+    connect_timeout: float,
+    grace: float,
+    profile: tuple[int, int] | None,
+) -> RunResult:
     from rich.console import Console
 
     devices_lib.check_runtime_env()
@@ -296,6 +341,13 @@ def _train(
         console.print(
             f"profile: steps {first}-{last} traced into {run.tensorboard} "
             "(TensorBoard's Profile tab, with tensorboard-plugin-profile installed)",
+            highlight=False,
+        )
+    elif profiler is not None:
+        step = int(session.optimizer.iterations.numpy())
+        console.print(
+            f"[yellow]warning:[/] --profile {profiler.start}:{profiler.stop}: no step of it ran "
+            f"(this session trained up to step {step}); no trace was written",
             highlight=False,
         )
     if chief and len(history) > before:
@@ -478,7 +530,8 @@ class _StopOnSignal:
         # would. A half-written checkpoint is never committed, so the last complete one stands.
         print(
             f"error: preempted (SIGTERM) and the grace period of {self.grace:g} s ran out "
-            "before the current step ended; the last complete checkpoint stands",
+            "before the checkpoint of the current step was written (the training call or the "
+            "save took longer); the last complete checkpoint stands",
             file=sys.stderr,
             flush=True,
         )
@@ -538,6 +591,7 @@ class _PreemptionWatch:
                 # Waits up to 0.5 s for the key: a short poll that never holds exit up long.
                 context.context().get_config_key_value(PREEMPTION_KEY, 500)
             except Exception:  # noqa: BLE001 - not there yet (DeadlineExceeded), or shutting down
+                self._done.wait(0.1)  # an error that returns at once must not spin
                 continue
             self.noticed = True
             self._deadline.start_deadline()
@@ -555,12 +609,22 @@ class Interrupted(Exception):
     """Ctrl-C or SIGTERM: a checkpoint was written at the current step."""
 
     def __init__(
-        self, checkpoint: Path | None, run_dir: Path, saved: bool = True, preempted: bool = False
+        self,
+        checkpoint: Path | None,
+        run_dir: Path | None,
+        saved: bool = True,
+        preempted: bool = False,
+        message: str | None = None,
     ):
         what = f"saved {checkpoint}" if saved else f"nothing new to save (last: {checkpoint})"
         head = "preempted (SIGTERM)" if preempted else "interrupted"
         self.exit_code = PREEMPTED_EXIT if preempted else INTERRUPTED_EXIT
-        super().__init__(f"{head}; {what}; resume with: dtcli train --resume {run_dir}")
+        if os.environ.get(LAUNCHED_ENV) == "1" and os.environ.get(cluster_lib.ENV_JOBS):
+            clients = len(os.environ[cluster_lib.ENV_JOBS].split(","))
+            again = f"dtcli launch --clients {clients} --resume {run_dir}"
+        else:
+            again = f"dtcli train --resume {run_dir}"
+        super().__init__(message or f"{head}; {what}; resume with: {again}")
 
 
 def _loop(
@@ -719,6 +783,8 @@ def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
 # dtcli launch sets this for client 0: its progress goes to the launcher as event lines (which
 # draws the one bar), since a bar drawn into a pipe shows nothing.
 PROGRESS_EVENTS_ENV = "DTCLI_PROGRESS_EVENTS"
+# Set by `dtcli launch` for its clients (dtcli.launch.LAUNCHED_ENV; launch imports this module).
+LAUNCHED_ENV = "DTCLI_LAUNCHED"
 PROGRESS_EVENT = "\x1edtcli-progress "
 
 

@@ -187,8 +187,12 @@ def test_cluster_from_slurm_step_variables():
         match=r"SLURM: the node list has 2 node\(s\) and tasks per node \[2, 1\] for 4 tasks",
     ):
         cluster_lib.from_args(None, None, environ=slurm_env(SLURM_STEP_TASKS_PER_NODE="2,1"))
-    with pytest.raises(UsageError, match="DTCLI_PORT: expected a port number"):
+    with pytest.raises(UsageError, match="DTCLI_PORT: expected a port from 1 to 65534"):
         cluster_lib.from_args(None, None, environ=slurm_env(DTCLI_PORT="http"))
+    with pytest.raises(UsageError, match="expected a port from 1 to 65534 .* got '65535'"):
+        cluster_lib.from_args(None, None, environ=slurm_env(DTCLI_PORT="65535"))
+    with pytest.raises(UsageError, match="SLURM_STEP_NUM_TASKS: expected a positive integer"):
+        cluster_lib.from_args(None, None, environ=slurm_env(SLURM_STEP_NUM_TASKS="0"))
 
 
 @pytest.mark.parametrize(
@@ -572,11 +576,14 @@ def test_sigterm_to_one_client_all_save_one_checkpoint_exit_143_and_resume_equal
     latest = rundir.complete_checkpoints(out)[-1]
     step = ckpt_lib.read_meta(latest)["step"]
     assert 23 < step < 3 * 23  # after the first checkpoint, before the end
-    for client in (0, 1):  # one checkpoint, the same for both
-        assert f"[client {client}] preempted (SIGTERM); saved {latest};" in stderr
+    for client in (0, 1):  # one checkpoint, the same for both; resumed as a launch
+        assert (
+            f"[client {client}] preempted (SIGTERM); saved {latest}; resume with: dtcli launch --clients 2 --resume {out}"
+            in stderr
+        )
     last = stderr.strip().splitlines()[-1]
     assert last == (
-        f"error: preempted (SIGTERM); last complete checkpoint: {latest}; resume with: "
+        f"preempted (SIGTERM); last complete checkpoint: {latest}; resume with: "
         f"dtcli launch --clients 2 --resume {out}"
     )
     assert_gone(pids)
@@ -590,6 +597,34 @@ def test_sigterm_to_one_client_all_save_one_checkpoint_exit_143_and_resume_equal
     assert resumed[-1]["step"] == whole[-1]["step"]
     for key in ("train_loss", "eval_loss", "eval_accuracy"):
         assert resumed[-1][key] == pytest.approx(whole[-1][key], rel=1e-5), key
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_while_clients_start_exits_143_and_leaves_no_run(tmp_path):
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "dtcli", "launch", "--clients", "2", QUICK, "--out", str(out),
+         "--no-progress"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        pids = pids_of(launcher.stderr.readline())
+        launcher.send_signal(signal.SIGTERM)  # forwarded to clients that are still starting
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        for pid in [launcher.pid, *pids]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.wait(timeout=30)
+    assert launcher.returncode == 143, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last == "preempted (SIGTERM); no complete checkpoint was written"
+    assert_gone(pids)
+    assert not out.exists()  # nothing to resume: the requeued job starts it anew with --out
 
 
 @pytest.mark.slow

@@ -137,7 +137,7 @@ def test_missing_and_unreadable_recipe_files(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(UsageError, match=r"cannot read it"):
         R.load(binary)
-    with pytest.raises(UsageError, match=r"no such file"):
+    with pytest.raises(UsageError, match=r"is a folder, expected a recipe file"):
         R.load(tmp_path)  # a folder is not a recipe
 
 
@@ -189,6 +189,12 @@ def test_base_chain_loop_missing_file_and_bad_value_are_one_line_errors(tmp_path
     c = write(tmp_path, "c.yaml", "base: nowhere.yaml\n")
     with pytest.raises(UsageError, match=r"c.yaml'?: key 'base': no such file '.*nowhere.yaml'"):
         R.load(c)
+    (tmp_path / "folder.yaml").mkdir()
+    f = write(tmp_path, "f.yaml", "base: folder.yaml\n")
+    with pytest.raises(UsageError, match=r"key 'base': is a folder, not '.*folder.yaml'"):
+        R.load(f)
+    with pytest.raises(UsageError, match=r"folder.yaml'?: is a folder, expected a recipe file"):
+        R.load(tmp_path / "folder.yaml")
     d = write(tmp_path, "d.yaml", "base: [a.yaml]\n")
     with pytest.raises(UsageError, match=r"key 'base': expected the path of another recipe file"):
         R.load(d)
@@ -224,6 +230,9 @@ def test_env_reference_unset_or_malformed_names_the_key_and_variable(tmp_path):
         UsageError, match=r"key 'data.path': environment variable DATA_ROOT is not set"
     ):
         R.read_raw(path, environ={})
+    nested = write(tmp_path, "nested.yaml", "name: ${A:-${B:-c}}\n")
+    with pytest.raises(UsageError, match=r"key 'name': a default holding another reference"):
+        R.read_raw(nested, environ={})
     bad = write(tmp_path, "bad.yaml", "layouts: {rules: {x: ['${1model}']}}\n")
     with pytest.raises(UsageError, match=r"key 'layouts.rules.x\[0\]': '\$\{1model\}' is not a"):
         R.read_raw(bad, environ={})

@@ -351,3 +351,21 @@ def test_no_run_directory_path_bypasses_storage():
             if direct.search(code) and not any(a in code for a in ALLOWED):
                 found.append(f"{name}.py:{number}: {line.strip()}")
     assert found == []
+
+
+def test_a_folder_left_by_a_run_killed_while_starting_is_taken_anew(tmp_path, cli):
+    """SIGKILL while a run sets up leaves its lock file and the start of its log: a requeued
+    job's same `--out` must work (a real file in the folder still refuses it)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / rundir.LOCK).write_text(json.dumps({"pid": 999999, "host": "gone"}))
+    (out / rundir.TRAIN_LOG).write_text("# the first attempt\n")
+    r = cli("train", QUICK, *SHORT, "--out", out, "--no-progress")
+    assert r.code == 0, r.err
+    log = (out / rundir.TRAIN_LOG).read_text()
+    assert log.startswith("# the first attempt\n# 20") and "done:" in log
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    r = cli("train", QUICK, *SHORT, "--out", other, "--no-progress")
+    assert r.code == 2 and "the folder exists and is not empty" in r.err

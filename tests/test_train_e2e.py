@@ -317,6 +317,26 @@ def test_sigterm_saves_exits_143_and_the_run_resumes_to_the_same_end(tmp_path):
     assert b[-1]["step"] == a[-1]["step"]
 
 
+def test_sigterm_before_training_removes_the_new_run_and_exits_143(tmp_path):
+    """Preempted while it sets up (the run folder exists, TensorFlow is still starting): no
+    half-made folder is left to block the requeued job's `--out`."""
+    out = tmp_path / "run"
+    proc = start_training(out, 3)
+    try:
+        wait_for(out.exists, proc)  # created (and locked) before any TensorFlow work
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .startswith("preempted (SIGTERM) outside the training loop; nothing new was saved")
+    )
+    assert "Traceback" not in stderr and not out.exists()
+
+
 def test_stop_on_signal_ctrl_c_twice_interrupts_sigterm_asks_and_exit_codes():
     from dtcli.train import Interrupted, _StopOnSignal
 
