@@ -396,29 +396,41 @@ def test_two_clients_match_one_process(launched, single_run):
     assert proc.stderr.count(str(out)) == 1  # the run directory, named once (and on stdout)
 
 
-@pytest.mark.slow
-def test_clients_found_by_tf_config_and_by_slurm_match_one_process(tmp_path, single_run):
-    """Two `dtcli train RECIPE` processes given no dtcli flag and no DTENSOR_* variable: client 0
-    learns who it is from a TFJob's TF_CONFIG (the chief), client 1 from an srun step's SLURM
-    variables (task 1 of 2 on one node). Both describe the same two addresses, so they form one
-    run (the preflight compares the jobs lists) and train to the one-process numbers."""
-    port = free_port()
-    while True:  # SLURM's addresses are PORT and PORT+1 on the node
+def two_free_ports() -> int:
+    """A port P with P+1 free too (SLURM's addresses on one node are PORT and PORT+1)."""
+    while True:
+        port = free_port()
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port + 1))
-                break
+                return port
             except OSError:
-                port = free_port()
-    tf_config = {
-        "cluster": {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]},
-        "task": {"type": "chief", "index": 0},
-    }
-    slurm = {
-        "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+                continue
+
+
+def tf_config_of(port: int, client: int) -> dict[str, str]:
+    cluster = {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]}
+    task = {"type": "chief", "index": 0} if client == 0 else {"type": "worker", "index": 0}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+
+
+def slurm_of(port: int, client: int) -> dict[str, str]:
+    return {
+        "SLURM_PROCID": str(client), "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
         "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": "2",
         "DTCLI_PORT": str(port),
     }  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["TF_CONFIG", "SLURM"])
+def test_clients_found_by_tf_config_or_slurm_match_one_process(tmp_path, single_run, source):
+    """Two `dtcli train RECIPE` processes given no dtcli flag and no DTENSOR_* variable, only
+    what a Kubeflow TFJob (TF_CONFIG: chief and worker) or an srun step (SLURM_*: tasks 0 and 1
+    of 2 on one node) hands its workers: they form one run and train to the one-process
+    numbers."""
+    port = two_free_ports()
+    of = tf_config_of if source == "TF_CONFIG" else slurm_of
     out = tmp_path / "run"
     args = [sys.executable, "-m", "dtcli", "train", QUICK, "--epochs", EPOCHS, "--out", str(out)]
     args += ["--no-progress", "--connect-timeout", "60"]
@@ -433,7 +445,7 @@ def test_clients_found_by_tf_config_and_by_slurm_match_one_process(tmp_path, sin
             text=True,
             start_new_session=True,
         )  # fmt: skip
-        for extra in ({"TF_CONFIG": json.dumps(tf_config)}, slurm)
+        for extra in (of(port, 0), of(port, 1))
     ]
     try:
         results = [p.communicate(timeout=300) for p in procs]
