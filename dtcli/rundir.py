@@ -59,6 +59,23 @@ def os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
+@contextlib.contextmanager
+def _reachable(arg: str, path: Any) -> Any:
+    """A file system that cannot be reached (a bucket without network or credentials, a scheme
+    TensorFlow has no plug-in for) is bad input naming the argument, not a crash."""
+    try:
+        yield
+    except OSError as exc:
+        if not storage.is_remote(path):
+            raise
+        reason = os_reason(exc)
+        if "not implemented" in reason:
+            reason += (
+                "; TensorFlow has no file system for it here (a plug-in such as tensorflow-io)"
+            )
+        raise UsageError(f"{arg} {str(path)!r}: cannot use it ({reason})") from None
+
+
 def default_path(name: str) -> Path:
     return Path("runs") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -251,22 +268,23 @@ def _blocking_parent(path: Path) -> Path | None:
 
 def check_new(path: Path, arg: str = "--out") -> None:
     """A new run may be written at `path` (checked without creating anything)."""
-    path = storage.as_path(path)
-    if path.is_dir():
-        info = held_by(path)
-        if info is not None:
-            raise _held_error(arg, path, info)
-        if _holds_more_than_a_start(path):
-            raise UsageError(
-                f"{arg} {str(path)!r}: the folder exists and is not empty "
-                "(use --resume to continue a run, or choose another folder)"
-            )
-        return
-    if path.exists() or path.is_symlink():
-        raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder for the run")
-    blocking = _blocking_parent(path)
-    if blocking is not None:
-        raise UsageError(f"{arg} {str(path)!r}: {str(blocking)!r} is a file, not a folder")
+    with _reachable(arg, path):
+        path = storage.as_path(path)
+        if path.is_dir():
+            info = held_by(path)
+            if info is not None:
+                raise _held_error(arg, path, info)
+            if _holds_more_than_a_start(path):
+                raise UsageError(
+                    f"{arg} {str(path)!r}: the folder exists and is not empty "
+                    "(use --resume to continue a run, or choose another folder)"
+                )
+            return
+        if path.exists() or path.is_symlink():
+            raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder for the run")
+        blocking = _blocking_parent(path)
+        if blocking is not None:
+            raise UsageError(f"{arg} {str(path)!r}: {str(blocking)!r} is a file, not a folder")
 
 
 def create(path: Path, arg: str = "--out", warn: Warn = _stderr) -> RunDir:
@@ -319,16 +337,17 @@ def check_new_locked(path: Path, arg: str) -> None:
 
 
 def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:
-    path = storage.as_path(path)
-    if not path.is_dir():
-        what = "no such folder" if not path.exists() else "not a folder"
-        raise UsageError(f"{arg} {str(path)!r}: {what}")
-    # First: a new run holds its folder before it writes recipe.yaml.
-    info = held_by(path) if check_lock else None
-    if info is not None:
-        raise _held_error(arg, path, info)
-    if not (path / RECIPE).is_file():
-        raise UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
+    with _reachable(arg, path):
+        path = storage.as_path(path)
+        if not path.is_dir():
+            what = "no such folder" if not path.exists() else "not a folder"
+            raise UsageError(f"{arg} {str(path)!r}: {what}")
+        # First: a new run holds its folder before it writes recipe.yaml.
+        info = held_by(path) if check_lock else None
+        if info is not None:
+            raise _held_error(arg, path, info)
+        if not (path / RECIPE).is_file():
+            raise UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
 
 
 def open_for_resume(path: Path, arg: str = "--resume", warn: Warn = _stderr) -> RunDir:
@@ -408,20 +427,21 @@ def require_intact(run_dir: Path, arg: str, wanted: str, warn: Warn = _stderr) -
 
 def find_checkpoint(path: Path, arg: str = "CHECKPOINT", warn: Warn = _stderr) -> Path:
     """A checkpoint folder (verified), or the newest intact checkpoint of a run directory."""
-    path = storage.as_path(path)
-    if not path.exists():
-        raise UsageError(f"{arg} {str(path)!r}: no such file or folder")
-    if ckpt_lib.looks_like_checkpoint(path):
-        ckpt_lib.verify(path)
-        return path
-    if not path.is_dir():
-        raise UsageError(f"{arg} {str(path)!r}: neither a checkpoint nor a run directory")
-    if not complete_checkpoints(path):
-        raise UsageError(
-            f"{arg} {str(path)!r}: neither a checkpoint nor a run directory "
-            "with a complete checkpoint"
-        )
-    return require_intact(path, arg, "", warn)
+    with _reachable(arg, path):
+        path = storage.as_path(path)
+        if not path.exists():
+            raise UsageError(f"{arg} {str(path)!r}: no such file or folder")
+        if ckpt_lib.looks_like_checkpoint(path):
+            ckpt_lib.verify(path)
+            return path
+        if not path.is_dir():
+            raise UsageError(f"{arg} {str(path)!r}: neither a checkpoint nor a run directory")
+        if not complete_checkpoints(path):
+            raise UsageError(
+                f"{arg} {str(path)!r}: neither a checkpoint nor a run directory "
+                "with a complete checkpoint"
+            )
+        return require_intact(path, arg, "", warn)
 
 
 def run_of_checkpoint(checkpoint: Path) -> Path:
@@ -430,14 +450,17 @@ def run_of_checkpoint(checkpoint: Path) -> Path:
 
 def metrics_file(run_dir: Path, arg: str = "RUN_DIR") -> Path:
     """The epoch metrics of a run, for reading (plot)."""
-    run_dir = storage.as_path(run_dir)
-    if not run_dir.is_dir():
-        what = "not a folder" if run_dir.exists() else "no such folder"
-        raise UsageError(f"{arg} {str(run_dir)!r}: {what}")
-    path = run_dir / METRICS
-    if not path.is_file():
-        raise UsageError(f"{arg} {str(run_dir)!r}: no {METRICS} (has this run finished an epoch?)")
-    return path
+    with _reachable(arg, run_dir):
+        run_dir = storage.as_path(run_dir)
+        if not run_dir.is_dir():
+            what = "not a folder" if run_dir.exists() else "no such folder"
+            raise UsageError(f"{arg} {str(run_dir)!r}: {what}")
+        path = run_dir / METRICS
+        if not path.is_file():
+            raise UsageError(
+                f"{arg} {str(run_dir)!r}: no {METRICS} (has this run finished an epoch?)"
+            )
+        return path
 
 
 def steps_file(run_dir: Path) -> Path:

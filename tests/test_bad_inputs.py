@@ -561,6 +561,13 @@ CASES: dict[str, Case] = {
     ),
     # ---- --out of train
     "out is a file": c("train", "{q}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")),
+    # a URL TensorFlow has no file system for (s3:// without its plug-in): no network needed
+    "out on s3 without a plug-in": c(
+        "train", "{q}", "--out", "s3://bucket/run", expect="--out 's3://bucket/run': cannot use it"
+    ),
+    "resume on s3 without a plug-in": c(
+        "train", "--resume", "s3://bucket/run", expect="--resume 's3://bucket/run': cannot use it"
+    ),
     "out under a file": c(
         "train", "{q}", "--out", "{tmp}/f/run", expect="is a file", setup=file_at("f")
     ),
@@ -618,6 +625,8 @@ CASES: dict[str, Case] = {
     "resume a checkpoint folder": c("train", "--resume", "{ckpt}", expect="--resume"),
     # ---- eval
     "eval missing": c("eval", "{tmp}/nope", expect="no such file or folder"),
+    "eval ram missing": c("eval", "ram://nothing/run", expect="no such file or folder"),
+    "eval on s3 without a plug-in": c("eval", "s3://bucket/run", expect="cannot use it"),
     "eval a file": c("eval", "{tmp}/f", expect="CHECKPOINT", setup=file_at("f")),
     "eval an empty folder": c("eval", "{tmp}/e", expect="CHECKPOINT", setup=folder_at("e")),
     "eval no checkpoint": c("eval", "{run}", expect="checkpoint", damage=no_checkpoints),
