@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from dtcli.errors import TrainingError, UsageError
+from dtcli.errors import Preempted, TrainingError, UsageError
 
 app = typer.Typer(
     help="Train neural networks on TensorFlow DTensor meshes from a YAML recipe.",
@@ -84,10 +84,17 @@ GraceOption = typer.Option(
 
 
 def _check_grace(seconds: float) -> None:
-    if not 0 < seconds <= 86400:
+    if not 1 <= seconds <= 86400:
         raise UsageError(
-            f"--grace-period {seconds:g}: expected seconds, more than 0 and at most 86400 (a day)"
+            f"--grace-period {seconds:g}: expected seconds, at least 1 and at most 86400 (a day)"
         )
+
+
+def _check_folders(**given: str | None) -> None:
+    """An empty --out/--resume would silently mean the default (or the current folder)."""
+    for name, value in given.items():
+        if value is not None and not value.strip():
+            raise UsageError(f"--{name} {value!r}: expected a folder")
 
 
 def _check_timeout(seconds: float) -> None:
@@ -145,6 +152,7 @@ def train(
     from dtcli import cluster as cluster_lib
     from dtcli import train as train_lib
 
+    _check_folders(out=out, resume=resume)
     cluster = cluster_lib.from_args(client_id, jobs)
     _check_timeout(connect_timeout)
     _check_grace(grace_period)
@@ -217,6 +225,7 @@ def launch(
     """Run a recipe as N local DTensor clients on loopback (a multi-client run on one host)."""
     from dtcli import launch as launch_lib
 
+    _check_folders(out=out, resume=resume)
     _check_timeout(connect_timeout)
     _check_grace(grace_period)
     launch_plan = launch_lib.plan(
@@ -483,6 +492,11 @@ def run(argv: list[str] | None = None) -> int:
         return fail(str(exc), exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside training's own handling
         return fail("interrupted", 130)
+    except Preempted as exc:  # SIGTERM outside the training loop: a requeue, not an error
+        if debug:
+            traceback.print_exc()
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1

@@ -18,6 +18,16 @@ class TrainingError(Exception):
     exit_code = 1
 
 
+class Preempted(BaseException):
+    """SIGTERM while a run is set up or wound down (outside the loop, which saves instead).
+
+    A BaseException, as KeyboardInterrupt is: raised from a signal handler into whatever code
+    runs, it must not be caught by that code's `except Exception` (TensorFlow's import turned
+    it into a TypeError; a layer check reported it as a bad recipe)."""
+
+    exit_code = 143
+
+
 # Exit codes a script or scheduler can act on (1: training fault, 2: bad input).
 INTERRUPTED_EXIT = 130  # Ctrl-C: a checkpoint of the current step was written
 # SIGTERM (a scheduler's preemption notice): a checkpoint of the current step was written, or

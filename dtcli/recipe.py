@@ -987,7 +987,9 @@ def _interpolate(
     whole = _ENV_REF.fullmatch(value)
     if whole is not None and whole.group(1) is not None:
         try:
-            parsed = _load_yaml(text) if text.strip() else None
+            if not text.strip():
+                return text  # an empty value stays an empty string, not null
+            parsed = _load_yaml(text)
         except (yaml.YAMLError, _DuplicateKey, ValueError, OverflowError):
             return text
         # Only scalars: a variable holding "{a: 1}" stays a string, not a new subtree.
@@ -1047,7 +1049,7 @@ def read_raw(
         names = " -> ".join(str(c.name) for c in (*chain, base_path.resolve()))
         raise UsageError(f"recipe {where}: key 'base': the base chain loops ({names})")
     if not base_path.is_file():
-        what = "is a folder, not" if base_path.is_dir() else "no such file"
+        what = "is a folder, not a recipe file:" if base_path.is_dir() else "no such file"
         raise UsageError(f"recipe {where}: key 'base': {what} {str(base_path)!r}")
     return _merge(read_raw(base_path, env, chain), raw)
 

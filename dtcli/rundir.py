@@ -270,6 +270,12 @@ def check_new(path: Path, arg: str = "--out") -> None:
     """A new run may be written at `path` (checked without creating anything)."""
     with _reachable(arg, path):
         path = storage.as_path(path)
+        if isinstance(path, storage.RemotePath):
+            if not path.name or ".." in str(path).split("/"):
+                raise UsageError(
+                    f"{arg} {str(path)!r}: expected a folder under the file system's root, "
+                    "without '..' (like gs://bucket/runs/name)"
+                )
         if path.is_dir():
             info = held_by(path)
             if info is not None:
@@ -309,21 +315,47 @@ def create(path: Path, arg: str = "--out", warn: Warn = _stderr) -> RunDir:
     # If this fails, another writer took the folder between our mkdir and our lock: it is
     # theirs now, and nothing of it is ours to remove.
     if storage.is_remote(path):
+        _clear_start(path, warn)
         return run
     run.lock = Lock(path, arg, warn)
     try:
         check_new_locked(path, arg)
+        _clear_start(path, warn)
     except BaseException:
         run.release()
         raise
     return run
 
 
+# What a run writes before its first checkpoint (no run directory holds anything else of ours).
+_RUN_FILES = (LOCK, TRAIN_LOG, RECIPE, METRICS, STEPS, RESUMES, TENSORBOARD, CHECKPOINTS, PLOTS)
+
+
 def _holds_more_than_a_start(path: Path) -> bool:
-    """Whether the folder holds more than a run that never got going leaves: its lock file and
-    the start of its log (a process killed while it set up). Such a folder is taken anew, so
-    that a requeued job's `--out` works."""
-    return any(p.name not in (LOCK, TRAIN_LOG) for p in path.iterdir())
+    """Whether the folder holds more than a new run leaves that was killed (SIGKILL, or its
+    grace period ran out) before its first complete checkpoint: only dtcli's own files and no
+    checkpoint. Such a run could never be resumed (a run that fails on its own is removed), so
+    `--out` takes it anew, as a requeued job needs."""
+    entries = list(path.iterdir())
+    if any(p.name not in _RUN_FILES for p in entries):
+        return True
+    return bool(complete_checkpoints(path))
+
+
+def _clear_start(path: Path, warn: Warn) -> None:
+    """Remove what a killed run without a checkpoint left (its log is kept and continued)."""
+    left = [p for p in path.iterdir() if p.name not in (LOCK, TRAIN_LOG)]
+    if not left:
+        return
+    warn(
+        f"warning: {path}: an earlier run here stopped before its first checkpoint; "
+        f"starting over (removed its {', '.join(sorted(p.name for p in left))})"
+    )
+    for p in left:
+        if p.is_dir():
+            storage.rmtree(p)
+        else:
+            p.unlink()
 
 
 def check_new_locked(path: Path, arg: str) -> None:

@@ -25,7 +25,9 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
 
 
 def is_remote(path: Any) -> bool:
-    return isinstance(path, RemotePath) or bool(_URL.match(str(path)))
+    return isinstance(path, RemotePath) or (
+        bool(_URL.match(str(path))) and not str(path).startswith("file://")
+    )
 
 
 def as_path(path: Any) -> Path | RemotePath:
@@ -33,6 +35,8 @@ def as_path(path: Any) -> Path | RemotePath:
     if isinstance(path, (Path, RemotePath)):
         return path
     text = os.fspath(path) if not isinstance(path, str) else path
+    if text.startswith("file://"):  # a local path written as a URL
+        return Path(text[len("file://") :] or "/")
     return RemotePath(text) if _URL.match(text) else Path(text)
 
 

@@ -29,7 +29,7 @@ from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage
-from dtcli.errors import INTERRUPTED_EXIT, PREEMPTED_EXIT, TrainingError, UsageError
+from dtcli.errors import INTERRUPTED_EXIT, PREEMPTED_EXIT, Preempted, TrainingError, UsageError
 from dtcli.recipe import Recipe
 from dtcli.session import (
     EpochState,
@@ -154,12 +154,9 @@ def _sigterm_outside_the_loop() -> Iterator[None]:
     import threading
 
     def stop(signum: int, frame: Any) -> None:
-        raise Interrupted(
-            None,
-            None,
-            preempted=True,
-            message="preempted (SIGTERM) outside the training loop; nothing new was saved (a "
-            "new run without a checkpoint is removed, an existing run keeps its checkpoints)",
+        raise Preempted(
+            "preempted (SIGTERM) outside the training loop; nothing new was saved (a new run "
+            "without a checkpoint is removed, an existing run keeps its checkpoints)"
         )
 
     if threading.current_thread() is not threading.main_thread():
@@ -366,7 +363,7 @@ def _train(
 
 def _as_printed(exc: BaseException) -> str:
     """The line the command line prints for an exception that ends a run (for train.log)."""
-    if isinstance(exc, Interrupted):
+    if isinstance(exc, (Interrupted, Preempted)):
         return str(exc)
     if isinstance(exc, (UsageError, TrainingError)):
         return f"error: {exc}"

@@ -561,6 +561,10 @@ CASES: dict[str, Case] = {
     ),
     # ---- --out of train
     "out is a file": c("train", "{q}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")),
+    "out empty": c("train", "{q}", "--out", "", expect="--out '': expected a folder"),
+    "out ram root": c("train", "{q}", "--out", "ram://", expect="expected a folder under the"),
+    "out ram dotdot": c("train", "{q}", "--out", "ram://x/../..", expect="without '..'"),
+    "grace period tiny": c("train", "{q}", "--grace-period", "1e-9", expect="at least 1"),
     # a URL TensorFlow has no file system for (s3:// without its plug-in): no network needed
     "out on s3 without a plug-in": c(
         "train", "{q}", "--out", "s3://bucket/run", expect="--out 's3://bucket/run': cannot use it"

@@ -191,7 +191,9 @@ def test_base_chain_loop_missing_file_and_bad_value_are_one_line_errors(tmp_path
         R.load(c)
     (tmp_path / "folder.yaml").mkdir()
     f = write(tmp_path, "f.yaml", "base: folder.yaml\n")
-    with pytest.raises(UsageError, match=r"key 'base': is a folder, not '.*folder.yaml'"):
+    with pytest.raises(
+        UsageError, match=r"key 'base': is a folder, not a recipe file: '.*folder.yaml'"
+    ):
         R.load(f)
     with pytest.raises(UsageError, match=r"folder.yaml'?: is a folder, expected a recipe file"):
         R.load(tmp_path / "folder.yaml")

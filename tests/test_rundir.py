@@ -360,10 +360,20 @@ def test_a_folder_left_by_a_run_killed_while_starting_is_taken_anew(tmp_path, cl
     out.mkdir()
     (out / rundir.LOCK).write_text(json.dumps({"pid": 999999, "host": "gone"}))
     (out / rundir.TRAIN_LOG).write_text("# the first attempt\n")
+    # killed in its first epoch (SIGKILL, or a grace period that ran out): no checkpoint yet
+    (out / rundir.RECIPE).write_text("name: old\n")
+    (out / rundir.STEPS).write_text('{"step": 999, "loss": 1.0}\n')
+    (out / rundir.TENSORBOARD).mkdir()
+    (out / rundir.CHECKPOINTS / ".tmp-ckpt-00000004-1").mkdir(parents=True)
     r = cli("train", QUICK, *SHORT, "--out", out, "--no-progress")
     assert r.code == 0, r.err
+    assert "stopped before its first checkpoint; starting over (removed its" in r.err
     log = (out / rundir.TRAIN_LOG).read_text()
     assert log.startswith("# the first attempt\n# 20") and "done:" in log
+    assert all(rec["step"] != 999 for rec in metrics.read(out / rundir.STEPS))
+    # a folder holding a complete checkpoint is a run to resume, never taken anew
+    again = cli("train", QUICK, *SHORT, "--out", out, "--no-progress")
+    assert again.code == 2 and "the folder exists and is not empty" in again.err
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")

@@ -534,6 +534,7 @@ def test_storage_paths_behave_like_pathlib_where_dtcli_uses_them(cli):
     assert str(p) == "ram://b/runs/x" and p.name == "x" and str(p.parent) == "ram://b/runs"
     assert [str(q) for q in p.parents] == ["ram://b/runs", "ram://b"]
     assert storage.as_path("runs/x") == Path("runs/x") and not storage.is_remote("runs/x")
+    assert storage.as_path("file:///tmp/x") == Path("/tmp/x") and not storage.is_remote("file:///x")
     assert not p.exists() and not p.is_dir()
     with pytest.raises(FileNotFoundError):
         p.read_text()
