@@ -72,6 +72,12 @@ def plan(
 
     if clients < 1:
         raise UsageError(f"--clients {clients}: expected at least 1")
+    for arg, value in (("--out", out), ("--resume", resume)):
+        if value is not None and str(value).startswith("ram://"):
+            raise UsageError(
+                f"{arg} {str(value)!r}: ram:// lives inside one process, and launch starts "
+                "several; give a folder or a shared file system (gs://...)"
+            )
     if resume is not None:
         if recipe is not None or out is not None:
             raise UsageError(

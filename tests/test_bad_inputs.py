@@ -562,6 +562,9 @@ CASES: dict[str, Case] = {
     # ---- --out of train
     "out is a file": c("train", "{q}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")),
     "out empty": c("train", "{q}", "--out", "", expect="--out '': expected a folder"),
+    "launch out ram": c(
+        "launch", "--clients", "2", "{q}", "--out", "ram://x/run", expect="ram:// lives inside one"
+    ),
     "out ram root": c("train", "{q}", "--out", "ram://", expect="expected a folder under the"),
     "out ram dotdot": c("train", "{q}", "--out", "ram://x/../..", expect="without '..'"),
     "grace period tiny": c("train", "{q}", "--grace-period", "1e-9", expect="at least 1"),
