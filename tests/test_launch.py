@@ -503,6 +503,16 @@ def test_a_two_client_checkpoint_evaluates_on_one_device(launched):
 
 
 @pytest.mark.slow
+def leave_nothing(launcher: subprocess.Popen, pids: list[int]) -> None:
+    """Kill the launcher's and the clients' process groups, even when an assert failed."""
+    for pid in [launcher.pid, *pids]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait(timeout=30)
+
+
 def launch_and_signal(
     args: list[str], out, sig: int, extra_env: dict | None = None, timeout: float = 60
 ) -> tuple[subprocess.Popen, list[int], str, float]:
@@ -530,12 +540,7 @@ def launch_and_signal(
         _, stderr = launcher.communicate(timeout=timeout)
         return launcher, pids, stderr, time.monotonic() - sent
     finally:
-        for pid in [launcher.pid, *pids]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        launcher.wait(timeout=30)
+        leave_nothing(launcher, pids)
 
 
 def test_a_killed_client_stops_the_run_and_leaves_a_resumable_checkpoint(launched, tmp_path):
@@ -626,12 +631,7 @@ def test_sigterm_to_the_launcher_while_clients_start_exits_143_and_leaves_no_run
         launcher.send_signal(signal.SIGTERM)  # forwarded to clients that are still starting
         _, stderr = launcher.communicate(timeout=120)
     finally:
-        for pid in [launcher.pid, *pids]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        launcher.wait(timeout=30)
+        leave_nothing(launcher, pids)
     assert launcher.returncode == 143, stderr
     last = stderr.strip().splitlines()[-1]
     assert last == "preempted (SIGTERM); no complete checkpoint was written"
