@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from dtcli.errors import Preempted, TrainingError, UsageError
+from dtcli.errors import Preempted, Stopped, TrainingError, UsageError
 
 app = typer.Typer(
     help="Train neural networks on TensorFlow DTensor meshes from a YAML recipe.",
@@ -178,20 +178,16 @@ def train(
         from dtcli import recipe as recipe_lib
 
         loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices, epochs=epochs)
-    try:
-        result = train_lib.train(
-            loaded,
-            out=out,
-            resume=resume,
-            progress=not no_progress,
-            cluster=cluster,
-            connect_timeout=connect_timeout,
-            grace=grace_period,
-            profile=steps,
-        )
-    except train_lib.Interrupted as exc:
-        print(str(exc), file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
+    result = train_lib.train(
+        loaded,
+        out=out,
+        resume=resume,
+        progress=not no_progress,
+        cluster=cluster,
+        connect_timeout=connect_timeout,
+        grace=grace_period,
+        profile=steps,
+    )
     launched = os.environ.get(train_lib.LAUNCHED_ENV) == "1"
     if not launched and (cluster is None or cluster.is_chief):
         print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
@@ -241,13 +237,7 @@ def launch(
         connect_timeout=connect_timeout,
         grace=grace_period,
     )
-    from dtcli import train as train_lib
-
-    try:
-        print(launch_lib.run(launch_plan, progress=not no_progress))
-    except train_lib.Interrupted as exc:
-        print(str(exc), file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
+    print(launch_lib.run(launch_plan, progress=not no_progress))
 
 
 @app.command("eval")
@@ -492,9 +482,7 @@ def run(argv: list[str] | None = None) -> int:
         return fail(str(exc), exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside training's own handling
         return fail("interrupted", 130)
-    except Preempted as exc:  # SIGTERM outside the training loop: a requeue, not an error
-        if debug:
-            traceback.print_exc()
+    except (Stopped, Preempted) as exc:  # Ctrl-C or SIGTERM that saved what it could: no error
         print(str(exc), file=sys.stderr)
         return exc.exit_code
     except SystemExit as exc:

@@ -249,6 +249,17 @@ def expand_tasks_per_node(text: str) -> list[int]:
     return out
 
 
+def _first_port(environ: typing.Mapping[str, str], per_host: int) -> int:
+    """DTCLI_PORT (or the default): the port of a host's first client; its others use the ports
+    after it."""
+    text = environ.get(ENV_PORT, str(DEFAULT_PORT)).strip()
+    top = 65536 - per_host
+    if not text.isdigit() or not 0 < int(text) <= top:
+        uses = f" (a node's {per_host} tasks use it and the ports after it)" if per_host > 1 else ""
+        raise UsageError(f"{ENV_PORT}: expected a port from 1 to {top}{uses}, got {text!r}")
+    return int(text)
+
+
 def from_slurm(environ: typing.Mapping[str, str]) -> Cluster | None:
     """The cluster of an `srun` step: SLURM_PROCID is the client id, the step's node list and
     tasks per node give the addresses (client i on a node uses DTCLI_PORT + its local id).
@@ -281,13 +292,7 @@ def from_slurm(environ: typing.Mapping[str, str]) -> Cluster | None:
             f"SLURM: the node list has {len(nodes)} node(s) and tasks per node {per_node} "
             f"for {ntasks} tasks; they disagree"
         )
-    port_text = environ.get(ENV_PORT, str(DEFAULT_PORT)).strip()
-    if not port_text.isdigit() or not 0 < int(port_text) <= 65536 - max(per_node):
-        raise UsageError(
-            f"{ENV_PORT}: expected a port from 1 to {65536 - max(per_node)} (a node's "
-            f"{max(per_node)} tasks use it and the ports after it), got {port_text!r}"
-        )
-    port = int(port_text)
+    port = _first_port(environ, max(per_node))
     # srun's default (block) distribution numbers the tasks node by node.
     jobs = tuple(f"{node}:{port + local}" for node, k in zip(nodes, per_node) for local in range(k))
     if not 0 <= procid < ntasks:
@@ -309,10 +314,8 @@ def from_tpu_vm(environ: typing.Mapping[str, str]) -> Cluster | None:
             f"TPU_WORKER_ID: expected 0 to {len(hosts) - 1} (TPU_WORKER_HOSTNAMES lists "
             f"{len(hosts)} hosts), got {worker!r}"
         )
-    port_text = environ.get(ENV_PORT, str(DEFAULT_PORT)).strip()
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise UsageError(f"{ENV_PORT}: expected a port number, got {port_text!r}")
-    jobs = _entries([f"{h}:{port_text}" for h in hosts], "TPU_WORKER_HOSTNAMES")
+    port = _first_port(environ, 1)
+    jobs = _entries([f"{h}:{port}" for h in hosts], "TPU_WORKER_HOSTNAMES")
     return Cluster(int(worker), jobs, DEFAULT_JOB_NAME, where="TPU_WORKER_HOSTNAMES")
 
 

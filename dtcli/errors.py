@@ -18,6 +18,13 @@ class TrainingError(Exception):
     exit_code = 1
 
 
+class Stopped(Exception):
+    """The run stopped on request (Ctrl-C, a preemption), having saved what it could: not an
+    error. The CLI prints the message without `error:` and exits with `exit_code`."""
+
+    exit_code = 130
+
+
 class Preempted(BaseException):
     """SIGTERM while a run is set up or wound down (outside the loop, which saves instead).
 

@@ -276,8 +276,7 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
         _stop(procs)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    preempted = procs and all(q.returncode == PREEMPTED_EXIT for q in procs)
-    if preempting or (failed is None and preempted):
+    if preempting or (failed is None and _all_preempted(procs)):
         # Preempted, the launcher or a client: requeue. (A SIGTERM before the clients' runtime
         # started ends them at once; client 0 then removes a new run that has no checkpoint.)
         from dtcli import train as train_lib
@@ -361,7 +360,7 @@ def _supervise(
     finally:
         if bar is not None:
             bar.stop()
-    if failed is None and not all(q.returncode == PREEMPTED_EXIT for q in procs):
+    if failed is None and not _all_preempted(procs):
         for i, proc in enumerate(procs):
             if proc.returncode != 0:
                 failed = (i, proc.returncode, "")
@@ -370,6 +369,11 @@ def _supervise(
         client, code, _ = failed
         return client, code, last_error.get(client, "")
     return None
+
+
+def _all_preempted(procs: list[subprocess.Popen]) -> bool:
+    """Every client exited 143: each saved its part of the one agreed checkpoint."""
+    return bool(procs) and all(q.returncode == PREEMPTED_EXIT for q in procs)
 
 
 def _stop(procs: list[subprocess.Popen], wait: bool = True) -> None:

@@ -20,7 +20,7 @@ def tensorboard_tag(name: str, per_step: bool = False) -> str:
     """TensorBoard groups tags by their first '/': train/loss beside train/accuracy, eval/...,
     step/ (the per-step loss, gradient norm, learning rate), time/, perf/ (rates, FLOP/s)."""
     if per_step:
-        return f"step/{name.removeprefix('step_')}"
+        return f"step/{name}"
     for group in ("train", "eval"):
         if name.startswith(group + "_"):
             return f"{group}/{name[len(group) + 1 :]}"

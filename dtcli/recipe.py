@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from dtcli import storage
 from dtcli.errors import UsageError
 
 UNSHARDED = "unsharded"
@@ -940,7 +941,8 @@ def _interpolate(
     inside: frozenset[int] = frozenset(),
 ) -> Any:
     """Replace ${NAME} / ${NAME:-default} in the string values of a raw recipe. A value that is
-    one reference and nothing else is read as YAML (`batch_size: ${BATCH}` gives an integer)."""
+    one reference and nothing else is read as a YAML scalar (`batch_size: ${BATCH}` gives an
+    integer)."""
     if isinstance(value, (dict, list)):
         if id(value) in inside:
             raise UsageError(
@@ -1022,8 +1024,6 @@ def read_raw(
     """Read a recipe file as a raw mapping (no validation yet): its `base:` files merged under
     it (a base path is relative to the file naming it), then ${NAME} references filled from
     the environment."""
-    from dtcli import storage
-
     env = os.environ if environ is None else environ
     p = storage.as_path(path)
     raw = _read_file(p)
@@ -1068,8 +1068,6 @@ def load(
     model = raw.get("model")
     if not isinstance(path, dict) and isinstance(model, dict) and model.get("build"):
         # A --set model.build=... names a module next to the recipe given.
-        from dtcli import storage
-
         model.setdefault("build_path", str(storage.as_path(path).resolve().parent))
     if mesh is not None:
         raw["mesh"] = _with_layout_axes(parse_mesh_arg(mesh), raw.get("layouts"))

@@ -8,7 +8,8 @@ This module alone knows what a run directory holds and where:
     resumes.jsonl      one JSON object per resume: from which checkpoint, what the command changed
     train.log          every line `dtcli train` printed, each session headed by its command
     tensorboard/       event files
-    checkpoints/       ckpt-STEP/ folders, each complete and self-verifying (dtcli.checkpoint)
+    checkpoints/       ckpt-STEP/ folders, each complete and self-verifying (dtcli.checkpoint),
+                       and `checkpoint`, TensorFlow's pointer to the latest
     plots/             PNG curves
     .dtcli.lock        held (flock) by the one process writing the run
 
@@ -281,10 +282,7 @@ def check_new(path: Path, arg: str = "--out") -> None:
             if info is not None:
                 raise _held_error(arg, path, info)
             if _holds_more_than_a_start(path):
-                raise UsageError(
-                    f"{arg} {str(path)!r}: the folder exists and is not empty "
-                    "(use --resume to continue a run, or choose another folder)"
-                )
+                raise _not_empty(arg, path)
             return
         if path.exists() or path.is_symlink():
             raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder for the run")
@@ -331,6 +329,13 @@ def create(path: Path, arg: str = "--out", warn: Warn = _stderr) -> RunDir:
 _RUN_FILES = (LOCK, TRAIN_LOG, RECIPE, METRICS, STEPS, RESUMES, TENSORBOARD, CHECKPOINTS, PLOTS)
 
 
+def _not_empty(arg: str, path: Path) -> UsageError:
+    return UsageError(
+        f"{arg} {str(path)!r}: the folder exists and is not empty "
+        "(use --resume to continue a run, or choose another folder)"
+    )
+
+
 def _holds_more_than_a_start(path: Path) -> bool:
     """Whether the folder holds more than a new run leaves that was killed (SIGKILL, or its
     grace period ran out) before its first complete checkpoint: only dtcli's own files and no
@@ -362,10 +367,7 @@ def check_new_locked(path: Path, arg: str) -> None:
     """Under the lock: the folder must still hold nothing but it (another writer may have
     begun and finished between the first check and the lock)."""
     if _holds_more_than_a_start(path):
-        raise UsageError(
-            f"{arg} {str(path)!r}: the folder exists and is not empty "
-            "(use --resume to continue a run, or choose another folder)"
-        )
+        raise _not_empty(arg, path)
 
 
 def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:

@@ -29,7 +29,14 @@ from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage
-from dtcli.errors import INTERRUPTED_EXIT, PREEMPTED_EXIT, Preempted, TrainingError, UsageError
+from dtcli.errors import (
+    INTERRUPTED_EXIT,
+    PREEMPTED_EXIT,
+    Preempted,
+    Stopped,
+    TrainingError,
+    UsageError,
+)
 from dtcli.recipe import Recipe
 from dtcli.session import (
     EpochState,
@@ -271,10 +278,10 @@ def _train(
     on_first_step: Callable[[], None] | None = None
     if latest is not None:
         checkpointer.restore(latest, session.model.weights)
-        checkpointer.last_step = ckpt_lib.read_meta(latest)["step"]
         # The checkpoint holds the optimizer's old learning rate: the recipe's takes effect now.
         session.optimizer.set_hyperparameters(recipe.optimizer)
         meta = ckpt_lib.read_meta(latest)
+        checkpointer.last_step = meta["step"]
         start = EpochState(**meta["epoch_state"])
         if chief and run.metrics.is_file():
             history = [r for r in metrics_lib.read(run.metrics) if r.get("step", 0) <= meta["step"]]
@@ -304,9 +311,9 @@ def _train(
     if not chief:
         writer = _NoWriter()
     _describe(console, session, run.path)
-    # Ctrl-C in a multi-client run: stopping after "the current step" would leave the clients at
-    # different steps, waiting on each other's collectives for good. The first Ctrl-C interrupts
-    # at once instead (dtcli launch stops every client).
+    # One process: Ctrl-C or SIGTERM stops after the current call and saves. Several clients
+    # must agree on that call: a SIGTERM does (through the train call, _PreemptionWatch), a
+    # Ctrl-C interrupts at once instead (dtcli launch stops every client).
     stopper = _StopOnSignal(grace) if cluster is None else _PreemptionWatch(grace)
     profiler = None
     if profile is not None and chief:  # client 0's trace (clients on one host would collide)
@@ -363,7 +370,7 @@ def _train(
 
 def _as_printed(exc: BaseException) -> str:
     """The line the command line prints for an exception that ends a run (for train.log)."""
-    if isinstance(exc, (Interrupted, Preempted)):
+    if isinstance(exc, (Stopped, Preempted)):
         return str(exc)
     if isinstance(exc, (UsageError, TrainingError)):
         return f"error: {exc}"
@@ -474,17 +481,49 @@ def _peer_failures(cluster: cluster_lib.Cluster | None, checkpointer: Any) -> It
         ) from None
 
 
+class _Deadline:
+    """A preemption's grace period: once started, `grace` seconds until this process exits
+    whatever it is doing (the scheduler's SIGKILL would come next), leaving the last complete
+    checkpoint. Starting it again does not extend it."""
+
+    def __init__(self, grace: float):
+        self.grace = grace
+        self._timer: Any = None
+
+    def start(self) -> None:
+        import threading
+
+        if self._timer is None:
+            self._timer = threading.Timer(self.grace, self._out_of_time)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _out_of_time(self) -> None:
+        # The current call (or the save) outlasted the grace period: go now, as the scheduler
+        # would. A half-written checkpoint is never committed, so the last complete one stands.
+        print(
+            f"error: preempted (SIGTERM) and the grace period of {self.grace:g} s ran out "
+            "before the checkpoint of the current step was written (the training call or the "
+            "save took longer); the last complete checkpoint stands",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(PREEMPTED_EXIT)
+
+
 class _StopOnSignal:
     """The first Ctrl-C (SIGINT) or SIGTERM asks the loop to stop after the current call (it
     then checkpoints); a second Ctrl-C interrupts at once. SIGTERM is a scheduler's preemption
-    notice: after `grace` seconds the process exits whatever it is doing (the scheduler's
-    SIGKILL would come next), leaving the last complete checkpoint."""
+    notice: it also starts the grace period (_Deadline)."""
 
     def __init__(self, grace: float = DEFAULT_GRACE):
         self.requested = False
         self.signal_name = ""
-        self.grace = grace
-        self._timer: Any = None
+        self.deadline = _Deadline(grace)
 
     def __call__(self) -> bool:
         return self.requested
@@ -505,42 +544,19 @@ class _StopOnSignal:
         if signum == signal.SIGTERM:
             if not self.requested:
                 self.requested, self.signal_name = True, "SIGTERM"
-            self.start_deadline()
+            self.deadline.start()
             return
         if self.requested:
             raise KeyboardInterrupt
         self.requested, self.signal_name = True, "SIGINT"
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def start_deadline(self) -> None:
-        """From now, `grace` seconds until this process exits (once: a repeated notice does not
-        extend it)."""
-        import threading
-
-        if self._timer is None:
-            self._timer = threading.Timer(self.grace, self._out_of_time)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _out_of_time(self) -> None:
-        # The current call (or the save) outlasted the grace period: go now, as the scheduler
-        # would. A half-written checkpoint is never committed, so the last complete one stands.
-        print(
-            f"error: preempted (SIGTERM) and the grace period of {self.grace:g} s ran out "
-            "before the checkpoint of the current step was written (the training call or the "
-            "save took longer); the last complete checkpoint stands",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(PREEMPTED_EXIT)
-
     def __exit__(self, *exc: Any) -> None:
         import signal
 
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
-        if self._timer is not None:
-            self._timer.cancel()
+        self.deadline.cancel()
 
 
 # Where TensorFlow's multi-client runtime records a SIGTERM to any client (its own handler
@@ -562,10 +578,9 @@ class _PreemptionWatch:
 
         self.noticed = False  # this client has read the notice
         self.requested = False  # all clients agreed: stop after the call just run
-        self.grace = grace
+        self.deadline = _Deadline(grace)
         self._done = threading.Event()
         self._thread: Any = None
-        self._deadline = _StopOnSignal(grace)  # its timer and message
 
     def __call__(self) -> bool:
         return self.requested
@@ -591,18 +606,17 @@ class _PreemptionWatch:
                 self._done.wait(0.1)  # an error that returns at once must not spin
                 continue
             self.noticed = True
-            self._deadline.start_deadline()
+            self.deadline.start()
             return
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
-        if self._deadline._timer is not None:
-            self._deadline._timer.cancel()
+        self.deadline.cancel()
 
 
-class Interrupted(Exception):
+class Interrupted(Stopped):
     """Ctrl-C or SIGTERM: a checkpoint was written at the current step."""
 
     def __init__(
@@ -780,7 +794,8 @@ def _meta(session: Session, step: int, state: EpochState) -> dict[str, Any]:
 # dtcli launch sets this for client 0: its progress goes to the launcher as event lines (which
 # draws the one bar), since a bar drawn into a pipe shows nothing.
 PROGRESS_EVENTS_ENV = "DTCLI_PROGRESS_EVENTS"
-# Set by `dtcli launch` for its clients (dtcli.launch.LAUNCHED_ENV; launch imports this module).
+# Set by `dtcli launch` for its clients: the run directory is printed once (by the launcher),
+# and a stopped client names `dtcli launch --resume` as the way on.
 LAUNCHED_ENV = "DTCLI_LAUNCHED"
 PROGRESS_EVENT = "\x1edtcli-progress "
 

@@ -351,8 +351,8 @@ def test_stop_on_signal_ctrl_c_twice_interrupts_sigterm_asks_and_exit_codes():
     with stop:
         stop._handle(signal.SIGTERM, None)
         stop._handle(signal.SIGTERM, None)  # a repeated notice changes nothing
-        assert stop() and stop.signal_name == "SIGTERM" and stop._timer.is_alive()
-    assert stop._timer.finished.is_set()  # leaving the loop cancels the deadline
+        assert stop() and stop.signal_name == "SIGTERM" and stop.deadline._timer.is_alive()
+    assert stop.deadline._timer.finished.is_set()  # leaving the loop cancels the deadline
     assert Interrupted(None, Path("r"), preempted=True).exit_code == 143
     assert Interrupted(None, Path("r")).exit_code == 130
 
