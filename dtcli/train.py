@@ -145,35 +145,61 @@ def train(
     seconds); all clients train and save checkpoints together, only client 0 holds the lock and
     writes the recipe, metrics and plots.
     """
-    with _sigterm_outside_the_loop():
+    with _SigtermOutsideTheLoop() as early:
         return _open_and_train(
-            recipe, out, resume, console, progress, cluster, connect_timeout, grace, profile
+            recipe, out, resume, console, progress, cluster, connect_timeout, grace, profile, early
         )
 
 
-@contextlib.contextmanager
-def _sigterm_outside_the_loop() -> Iterator[None]:
+class _SigtermOutsideTheLoop:
     """SIGTERM while the run is set up (or wound down): stop at once as an exception, so that a
     new run without a checkpoint is removed and a resume left as it was, exit 143. (In the loop
     _StopOnSignal takes over and saves; in a multi-client run TensorFlow's runtime takes the
-    signal once it has started, see _PreemptionWatch.)"""
-    import signal
-    import threading
+    signal once it has started, see _PreemptionWatch.)
 
-    def stop(signum: int, frame: Any) -> None:
-        raise Preempted(
-            "preempted (SIGTERM) outside the training loop; nothing new was saved (a new run "
-            "without a checkpoint is removed, an existing run keeps its checkpoints)"
-        )
+    `deferred()`: while the run folder is made and locked the exception waits (Python runs
+    signal handlers in the main thread, whichever thread the signal reached), so that the
+    clean-up sees what to remove."""
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    MESSAGE = (
+        "preempted (SIGTERM) outside the training loop; nothing new was saved (a new run "
+        "without a checkpoint is removed, an existing run keeps its checkpoints)"
+    )
+
+    def __init__(self) -> None:
+        self._holding = False
+        self._pending = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._holding:
+            self._pending = True
+            return
+        raise Preempted(self.MESSAGE)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._pending:
+            raise Preempted(self.MESSAGE)
+
+    def __enter__(self) -> _SigtermOutsideTheLoop:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _open_and_train(
@@ -186,6 +212,7 @@ def _open_and_train(
     connect_timeout: float,
     grace: float,
     profile: tuple[int, int] | None,
+    early: _SigtermOutsideTheLoop,
 ) -> RunResult:
     from rich.console import Console
 
@@ -209,16 +236,21 @@ def _open_and_train(
             "recipe key 'devices'",
         )
     path = storage.as_path(resume or out or rundir.default_path(recipe.name))
-    if not chief:
-        run = rundir.unlocked(path)
-    elif resume is not None:
-        run = rundir.open_for_resume(path, "--resume", warn)
-    else:
-        run = rundir.create(path, "--out", warn)
     logged = chief and isinstance(console, runlog.LoggedConsole)
-    if logged and resume is None:
-        console.commit(run.train_log, runlog.header())  # a resume: once its first step trained
+    run: rundir.RunDir | None = None
     try:
+        # A SIGTERM while the folder is made and locked waits until `run` exists, so that the
+        # clean-up below sees what to remove (a new run's folder) or to leave as it was.
+        with early.deferred():
+            if not chief:
+                run = rundir.unlocked(path)
+            elif resume is not None:
+                run = rundir.open_for_resume(path, "--resume", warn)
+            else:
+                run = rundir.create(path, "--out", warn)
+            if logged and resume is None:
+                # A resume's lines: once its first step trained (_commit_resume).
+                console.commit(run.train_log, runlog.header())
         latest = None
         if resume is not None and chief:
             latest = run.latest_checkpoint("--resume", "to resume from", warn)
@@ -237,10 +269,11 @@ def _open_and_train(
                 run = rundir.unlocked(chosen)
         result = _train(recipe, run, latest, console, progress, cluster, chief, grace, profile)
     except BaseException as exc:
-        if logged:
-            console.log_only(_as_printed(exc))
-        if chief:
-            run.abandon()
+        if run is not None:  # None: opening the run failed, and left everything as it was
+            if logged:
+                console.log_only(_as_printed(exc))
+            if chief:
+                run.abandon()
         raise
     if chief:
         run.release()

@@ -337,6 +337,24 @@ def test_sigterm_before_training_removes_the_new_run_and_exits_143(tmp_path):
     assert "Traceback" not in stderr and not out.exists()
 
 
+def test_a_sigterm_while_the_run_folder_is_made_lands_after_it():
+    """Held back, not lost: raised once the block ends, where the clean-up can see the run."""
+    from dtcli.errors import Preempted
+    from dtcli.train import _SigtermOutsideTheLoop
+
+    seen = []
+    with _SigtermOutsideTheLoop() as early:
+        with pytest.raises(Preempted, match="preempted \\(SIGTERM\\) outside the training loop"):
+            with early.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler has run by now, in this thread
+                seen.append("block ended")
+        with pytest.raises(Preempted):  # outside deferred(): at once
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    assert seen == ["block ended"]
+
+
 def test_stop_on_signal_ctrl_c_twice_interrupts_sigterm_asks_and_exit_codes():
     from dtcli.train import Interrupted, _StopOnSignal
 
