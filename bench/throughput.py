@@ -87,9 +87,15 @@ def hand_written_loop(mesh, data_axis: str, initial: dict, widths: list[int], lr
                 self.s_dvar[i].assign(
                     self.beta_2 * self.s_dvar[i] + (1 - self.beta_2) * tf.square(d_var)
                 )
-                v_bc = self.v_dvar[i] / (1 - (self.beta_1**self.t))
-                s_bc = self.s_dvar[i] / (1 - (self.beta_2**self.t))
-                var.assign_sub(self.learning_rate * (v_bc / (tf.sqrt(s_bc) + self.ep)))
+                # The seed adds epsilon to the bias-corrected sqrt(s); dtcli's Adam (as Keras')
+                # adds it to the uncorrected one. Written dtcli's way, so that both loops do the
+                # same arithmetic and their losses can be compared.
+                alpha = (
+                    self.learning_rate
+                    * tf.sqrt(1 - self.beta_2**self.t)
+                    / (1 - self.beta_1**self.t)
+                )
+                var.assign_sub(self.v_dvar[i] * alpha / (tf.sqrt(self.s_dvar[i]) + self.ep))
             self.t.assign_add(1.0)
 
     optimizer = Adam(model.trainable_variables, learning_rate=lr)

@@ -202,11 +202,12 @@ def make_steps(session: Session) -> tuple[Any, Any]:
             mask = mask[:, None] * tf.ones_like(y, tf.float32)
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
         hit = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), y), tf.float32)
-        return {
-            "ce_sum": tf.reduce_sum(ce * mask),
-            "correct": tf.reduce_sum(hit * mask),
-            "count": tf.reduce_sum(mask),
-        }
+        # One sum of the three stacked, not three sums: each sum over the sharded batch dim is
+        # an all-reduce across the mesh, and on a small model the step's time is mostly those
+        # (measured on the quick start: 1.11x examples/s with one instead of three).
+        stacked = tf.stack([ce * mask, hit * mask, mask], axis=-1)
+        ce_sum, correct, count = tf.unstack(tf.reduce_sum(stacked, axis=list(range(len(ce.shape)))))
+        return {"ce_sum": ce_sum, "correct": correct, "count": count}
 
     cfg = session.recipe.optimizer
     # The learning rate of a schedule and the gradient norm are computed (and logged) only where
@@ -445,8 +446,8 @@ def run_epoch(
     trained: Any = None,
     profiler: Any = None,
 ) -> EpochState:
-    """Train the rest of one epoch (from `state.batch`), K steps a call; returns early, at a call
-    boundary, when `stop()` is true.
+    """Train the rest of one epoch (from `state.batch`), K steps a call (the process's first
+    call: one); returns early, at a call boundary, when `stop()` is true.
 
     `trained()` is called once after each call that applied a step, before anything of it is
     written; `profiler` (metrics.Profiler) hears of each call before and after it. A non-finite
@@ -456,8 +457,15 @@ def run_epoch(
     log_every = session.recipe.train.log_every
     started = time.perf_counter() - state.seconds
     batches = session.train_feed.epoch(state.epoch, state.batch, steps)
+
+    def next_block() -> list:
+        # A process's first call runs one step: it compiles the K-step call all the same, and
+        # the first loss, the progress bar and compile_seconds then come after the compilation
+        # and one step instead of K steps (the later calls run K).
+        return list(itertools.islice(batches, k if session.compiled else 1))
+
     # stop() is checked before each call (a Ctrl-C stops the run before its next call).
-    while not (stop is not None and stop()) and (block := list(itertools.islice(batches, k))):
+    while not (stop is not None and stop()) and (block := next_block()):
         # The optimizer's step of block[0] (every epoch before this one was whole).
         first = state.epoch * epoch_steps(session) + state.batch + 1
         if profiler is not None:

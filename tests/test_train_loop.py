@@ -137,3 +137,32 @@ def test_a_run_resumed_mid_epoch_on_tfrecords_ends_equal(cpu8, digit_files, tmp_
     reference = weights(whole)
     for path, value in weights(resumed).items():
         np.testing.assert_allclose(value, reference[path], rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+def test_weights_start_as_on_the_host_and_the_first_call_runs_one_step(cpu8):
+    """The initial weights are cut into each device's shard on the host (dense_0's kernel split
+    on its output dim, dense_1's on its input dim): the same values as the host model. A
+    process's first call runs one step (so the first loss comes right after compiling), the
+    later calls K, and every step of the epochs runs once."""
+    s = session(16)
+    _, initial = models.weight_plans(s.recipe, s.data.input_shape, s.data.num_classes, s.axes)
+    assert s.model.variables["dense_1.kernel"].layout.sharding_specs[0] == "model"
+    for path, value in weights(s).items():
+        np.testing.assert_array_equal(value, initial[path], err_msg=path)
+
+    calls = []
+
+    class Calls:  # the profiler's hooks see each call's first step and step count
+        def before_call(self, first: int, count: int) -> None:
+            calls.append((first, count))
+
+        def after_call(self, last: int) -> None:
+            pass
+
+    train_call, _ = T.make_steps(s)
+    steps = T.epoch_steps(s)  # 45: 1437 digits in batches of 32
+    for epoch in (0, 1):
+        state = T.run_epoch(s, train_call, T.EpochState(epoch), profiler=Calls())
+        assert state.batch == steps
+    assert calls == [(1, 1), (2, 16), (18, 16), (34, 12), (46, 16), (62, 16), (78, 13)]
+    assert int(s.optimizer.iterations.numpy()) == 2 * steps == 90

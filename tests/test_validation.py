@@ -632,3 +632,19 @@ def test_core_mlp_on_images_names_data_flatten():
         match=r"^recipe key 'model.api': the core MLP takes flat inputs.*set data.flatten: true",
     )
     assert len(models.describe_core(ModelConfig(api="core", hidden=[]), (64,), 10)) == 2
+
+
+def test_a_build_function_that_writes_tf_keras_gets_tf_keras(cpu8, tmp_path):
+    """dtcli sets TF_USE_LEGACY_KERAS=1 before TensorFlow starts: `tf.keras` is tf-keras (which
+    DTensor's layouts work with), not Keras 3, whose model dtcli would refuse."""
+    folder = write_module(
+        tmp_path,
+        "vmod_tf_keras",
+        "import tensorflow as tf\n"
+        "def fn(input_shape, num_classes):\n"
+        "    return tf.keras.Sequential([tf.keras.Input(shape=input_shape),\n"
+        "        tf.keras.layers.Dense(8, name='up'), tf.keras.layers.Dense(num_classes)])\n",
+    )
+    infos, values = describe(build="vmod_tf_keras:fn", build_path=folder)
+    assert {"up.kernel", "up.bias"} <= {w.path for w in infos}
+    assert values["up.kernel"].shape == (64, 8)
