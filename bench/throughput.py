@@ -82,14 +82,13 @@ def hand_written_loop(mesh, data_axis: str, initial: dict, widths: list[int], lr
             ]
 
         def apply_gradients(self, grads):
+            # The seed adds epsilon to the bias-corrected sqrt(s); dtcli's Adam (as Keras')
+            # adds it to the uncorrected one. Written as dtcli writes it, operation for
+            # operation, so that both loops do the same arithmetic and their losses agree over
+            # a long run too (float rounding differences grow with the steps).
             for i, (d_var, var) in enumerate(zip(grads, self.model_vars)):
-                self.v_dvar[i].assign(self.beta_1 * self.v_dvar[i] + (1 - self.beta_1) * d_var)
-                self.s_dvar[i].assign(
-                    self.beta_2 * self.s_dvar[i] + (1 - self.beta_2) * tf.square(d_var)
-                )
-                # The seed adds epsilon to the bias-corrected sqrt(s); dtcli's Adam (as Keras')
-                # adds it to the uncorrected one. Written dtcli's way, so that both loops do the
-                # same arithmetic and their losses can be compared.
+                self.v_dvar[i].assign_add((d_var - self.v_dvar[i]) * (1 - self.beta_1))
+                self.s_dvar[i].assign_add((tf.square(d_var) - self.s_dvar[i]) * (1 - self.beta_2))
                 alpha = (
                     self.learning_rate
                     * tf.sqrt(1 - self.beta_2**self.t)
