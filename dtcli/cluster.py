@@ -126,9 +126,15 @@ def from_args(
 
 def _entries(jobs: str | list[str], where: str) -> tuple[str, ...]:
     items = jobs.split(",") if isinstance(jobs, str) else jobs
-    entries = tuple(j.strip() for j in items if j.strip())
-    if not entries:
+    entries = tuple(j.strip() for j in items)
+    if not any(entries):
         raise UsageError(f"{where}: expected host:port,host:port,..., got {jobs!r}")
+    if not all(entries):
+        # A missing address would shift every later client's number: refused, not skipped.
+        raise UsageError(
+            f"{where}: an empty entry in {jobs!r} (two commas in a row, or one at an end); "
+            "expected host:port,host:port,..."
+        )
     for entry in entries:
         _split_address(entry, where)
     if len(set(entries)) != len(entries):

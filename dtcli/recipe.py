@@ -402,6 +402,7 @@ def _check(recipe: Recipe) -> Recipe:
     _check_model(recipe.model)
     _check_task(recipe)
     _check_data(recipe.data)
+    _check_batch_on_mesh(recipe)
     _check_train(recipe.train)
     _check_optimizer(recipe.optimizer)
     o, t = recipe.optimizer, recipe.train
@@ -431,6 +432,29 @@ def _check_devices_mesh(recipe: Recipe) -> None:
             f"{recipe.devices!r} makes them virtual CPUs{on}; at most {MAX_VIRTUAL_CPUS} "
             "(MAX_VIRTUAL_CPUS: more exhaust memory or hang TensorFlow's start-up)"
         )
+
+
+def _check_batch_on_mesh(recipe: Recipe) -> None:
+    """The batches divide by the data axis, checked here wherever its size is known without the
+    devices (a fixed size, or -1 with a device count), so that `config` and every command refuse
+    it before TensorFlow starts; the session checks it again once the devices are known."""
+    from dtcli.devices import parse as parse_devices
+    from dtcli.mesh import check_batch
+
+    axis = recipe.layouts.data_axis
+    if axis == UNSHARDED:
+        return
+    axes = dict(recipe.mesh)
+    if axes[axis] == -1:
+        count = parse_devices(recipe.devices).count
+        known = math.prod(s for s in axes.values() if s != -1)
+        if count is None or count % known:
+            return  # the device count is checked against the mesh once the devices are known
+        axes[axis] = count // known
+    for key in ("batch_size", "eval_batch_size"):
+        batch = getattr(recipe.data, key)
+        if batch:
+            check_batch(axes, axis, batch, f"data.{key}")
 
 
 def _check_model(m: ModelConfig) -> None:

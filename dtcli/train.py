@@ -294,6 +294,20 @@ def _train(
     from dtcli import checkpoint as ckpt_lib
     from dtcli import metrics as metrics_lib
 
+    meta = ckpt_lib.read_meta(latest) if latest is not None else None
+    if meta is not None and meta["epoch_state"]["epoch"] >= recipe.train.epochs:
+        # Said before the devices, the model and the compilation are set up for nothing.
+        done = meta["epoch_state"]["epoch"]
+        console.print(
+            f"[yellow]nothing to train:[/] the run has {done} epochs and train.epochs is "
+            f"{recipe.train.epochs}; --epochs is the total, give more",
+            highlight=False,
+        )
+        history = []
+        if chief and run.metrics.is_file():
+            history = [r for r in metrics_lib.read(run.metrics) if r.get("step", 0) <= meta["step"]]
+            _summary(console, history, done)
+        return RunResult(run.path, history)
     session = prepare(recipe, cluster=cluster)
     recipe = session.recipe
     train_step, eval_step = make_steps(session)
@@ -309,11 +323,10 @@ def _train(
     history: list[dict[str, Any]] = []
     start = EpochState(0)
     on_first_step: Callable[[], None] | None = None
-    if latest is not None:
+    if latest is not None and meta is not None:
         checkpointer.restore(latest, session.model.weights)
         # The checkpoint holds the optimizer's old learning rate: the recipe's takes effect now.
         session.optimizer.set_hyperparameters(recipe.optimizer)
-        meta = ckpt_lib.read_meta(latest)
         checkpointer.last_step = meta["step"]
         start = EpochState(**meta["epoch_state"])
         if chief and run.metrics.is_file():
@@ -323,12 +336,6 @@ def _train(
             f"step {meta['step']})",
             highlight=False,
         )
-        if start.epoch >= recipe.train.epochs:
-            console.print(
-                f"[yellow]nothing to train:[/] the run has {start.epoch} epochs and "
-                f"train.epochs is {recipe.train.epochs}; --epochs is the total, give more",
-                highlight=False,
-            )
         if chief:
             on_first_step = _once(
                 lambda: _commit_resume(run, recipe, latest, meta, checkpointer, console)

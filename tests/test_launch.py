@@ -201,6 +201,8 @@ def test_cluster_from_slurm_step_variables():
         (2, "a:1,b:2", {}, "--client-id 2: expected 0 to 1 (the jobs list has 2 clients)"),
         (0, "a:1,a:1", {}, "--jobs: an address appears twice"),
         (0, "a,b:2", {}, "--jobs: expected host:port entries, got 'a'"),
+        (0, "a:1,,b:2", {}, "--jobs: an empty entry in 'a:1,,b:2' (two commas in a row"),
+        (None, None, {"DTENSOR_JOBS": "a:1,", "DTENSOR_CLIENT_ID": "0"}, "DTENSOR_JOBS: an empty"),
         (1, None, {}, "--client-id: also give --jobs"),
         (None, None, {"DTENSOR_JOBS": "a:1,b:2"}, "DTENSOR_JOBS is set: also give --client-id"),
         (

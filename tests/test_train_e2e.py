@@ -81,6 +81,21 @@ def test_run_directory_holds_everything(run4):
     assert any(p.name.startswith("events.out.tfevents") for p in (run4 / "tensorboard").iterdir())
 
 
+def test_a_resume_with_no_epochs_left_says_so_at_once_and_changes_nothing(run4, cli):
+    """`--epochs` is the total: a resume to fewer epochs than done says so before any device or
+    model is set up, prints the run's summary and writes nothing."""
+    before = {p.name: p.read_bytes() for p in run4.iterdir() if p.is_file()}
+    proc = cli("train", "--resume", run4, "--epochs", "2", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "nothing to train: the run has 4 epochs and train.epochs is 2; --epochs is the total, "
+        "give more",
+        proc.stderr.splitlines()[1],
+    ]
+    assert proc.stderr.splitlines()[1].startswith("done: 4 epochs, 92 steps (0.0 s training")
+    assert {p.name: p.read_bytes() for p in run4.iterdir() if p.is_file()} == before
+
+
 def test_train_log_tensorboard_groups_hparams_and_profile(run4):
     printed = (run4.parent / "q4.stderr").read_text().splitlines()
     log = (run4 / "train.log").read_text().splitlines()

@@ -339,11 +339,11 @@ def test_virtual_cpu_cap():
 def test_virtual_cpu_cap_in_a_recipe_and_through_the_mesh():
     refused(R.from_mapping, with_key("devices", "cpu:128"), match=r"^recipe key 'devices': ")
     raw = with_key("devices", "cpu")
-    raw["mesh"] = {"batch": 50, "model": 2}
+    raw["mesh"] = {"batch": 32, "model": 4}
     refused(
         R.from_mapping,
         raw,
-        match=r"^recipe key 'mesh': batch=50,model=2 asks for 100 devices, and devices 'cpu' "
+        match=r"^recipe key 'mesh': batch=32,model=4 asks for 128 devices, and devices 'cpu' "
         r"makes them virtual CPUs; at most 64 \(MAX_VIRTUAL_CPUS",
     )
     raw["devices"] = "auto"
@@ -381,6 +381,7 @@ def test_batch_larger_than_the_training_split_in_the_recipe(data, known):
         rf"examples of data.source {data['source']}; use a batch of at most {known}$",
     )
     raw["data"]["batch_size"] = known
+    raw["mesh"] = {"batch": 1, "model": 8}  # (a batch of 4 would have to divide `known`)
     R.from_mapping(raw)
 
 
@@ -648,3 +649,36 @@ def test_a_build_function_that_writes_tf_keras_gets_tf_keras(cpu8, tmp_path):
     infos, values = describe(build="vmod_tf_keras:fn", build_path=folder)
     assert {"up.kernel", "up.bias"} <= {w.path for w in infos}
     assert values["up.kernel"].shape == (64, 8)
+
+
+@pytest.mark.parametrize(
+    "mesh, devices, sets, expected",
+    [
+        (
+            "batch=3",
+            None,
+            [],
+            r"'data.batch_size': 64 does not divide by the data axis 'batch' of "
+            r"size 3 \(mesh batch=3,model=1\)$",
+        ),
+        ("batch=-1", "cpu:6", [], r"'data.batch_size': 64 .* of size 6 \(mesh batch=6,model=1\)$"),
+        (None, None, ["data.eval_batch_size=30"], r"'data.eval_batch_size': 30 .* of size 4 "),
+    ],
+)
+def test_a_batch_the_data_axis_does_not_divide_is_refused_at_load(mesh, devices, sets, expected):
+    """Pure arithmetic, before any device: so `dtcli config` and every command refuse it at
+    once (the session checks it again once the devices are known)."""
+    refused(
+        R.load,
+        RECIPES / "quickstart.yaml",
+        sets,
+        mesh=mesh,
+        devices=devices,
+        match=r"^recipe key " + expected,
+    )
+
+
+def test_a_batch_on_a_mesh_whose_data_axis_size_needs_the_devices_loads():
+    # -1 with no device count: the devices decide, later; 8 devices and model=2: batch=4.
+    R.load(RECIPES / "quickstart.yaml", [], mesh="batch=-1,model=2", devices="cpu")
+    R.load(RECIPES / "quickstart.yaml", [], mesh="batch=-1,model=2", devices="cpu:8")
