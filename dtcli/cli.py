@@ -255,11 +255,9 @@ def eval_(
     """Evaluate a checkpoint, on the mesh it was trained on or another one."""
     from dtcli import evaluate as evaluate_lib
 
-    found = evaluate_lib.find_checkpoint(checkpoint)
-    loaded = evaluate_lib.checkpoint_recipe(
-        found, sets or [], mesh=mesh, devices=devices, batch_size=batch_size
+    result = evaluate_lib.evaluate_path(
+        checkpoint, split, sets or [], mesh=mesh, devices=devices, batch_size=batch_size
     )
-    result = evaluate_lib.evaluate_checkpoint(found, loaded, split)
     if as_json:
         import json
 
@@ -268,7 +266,7 @@ def eval_(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{found}", show_header=False)
+    table = Table(title=result["checkpoint"], show_header=False)
     for key in (
         "split",
         "examples",

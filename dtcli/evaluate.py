@@ -7,12 +7,14 @@ restored into it: TensorFlow relays each saved shard out onto the new layouts.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
+from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir
+from dtcli import rundir, storage
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
 
@@ -48,19 +50,64 @@ def checkpoint_recipe(
         raise UsageError(f"{exc} (recipe stored with {checkpoint})") from None
 
 
-def evaluate_checkpoint(checkpoint: Path, recipe: Recipe, split: str = "eval") -> dict[str, Any]:
-    """Restore `checkpoint` onto `recipe`'s mesh and evaluate it on every example of `split`."""
+def evaluate_path(
+    path: Path,
+    split: str = "eval",
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """`dtcli eval`: a checkpoint folder, or a run directory's newest intact checkpoint, on the
+    mesh it was trained on or another one."""
+    if split not in SPLITS:
+        raise UsageError(f"--split {split!r}: expected eval or train")
+    found = find_checkpoint(path)
+    recipe = checkpoint_recipe(found, sets, mesh=mesh, devices=devices, batch_size=batch_size)
+    given = ckpt_lib.looks_like_checkpoint(storage.as_path(path))  # not a run directory
+    newest = None if given else lambda: find_checkpoint(path)
+    return evaluate_checkpoint(found, recipe, split, newest)
+
+
+def evaluate_checkpoint(
+    checkpoint: Path, recipe: Recipe, split: str = "eval", newest: Any = None
+) -> dict[str, Any]:
+    """Restore `checkpoint` onto `recipe`'s mesh and evaluate it on every example of `split`.
+
+    A run that is training removes its older checkpoints (train.keep), maybe the one found
+    before the session was built: `newest()` (a run directory given) finds the newest again."""
     from dtcli import session as session_lib
     from dtcli.mesh import mesh_text
 
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: expected eval or train")
-    meta = ckpt_lib.read_meta(checkpoint)
+    if split == "train":  # read as an eval split is: from the host, each example once
+        data = dataclasses.replace(recipe.data, placement="host")
+        recipe = recipe_lib.replace(recipe, data=data)
     session = session_lib.prepare(recipe, splits=(split,) if split == "train" else ("eval",))
-    ckpt = ckpt_lib.Checkpointer(checkpoint.parent, {"model": session.model.module}, keep=1)
-    ckpt.restore(checkpoint, session.model.weights, partial=True)
+    for attempt in range(5):
+        try:
+            meta = ckpt_lib.read_meta(checkpoint)
+            ckpt = ckpt_lib.Checkpointer(checkpoint.parent, {"model": session.model.module}, 1)
+            ckpt.restore(checkpoint, session.model.weights, partial=True)
+            break
+        except (ckpt_lib.DamagedCheckpoint, UsageError):
+            if storage.as_path(checkpoint).exists():
+                raise  # really damaged, or another model's
+            if newest is None or attempt == 4:
+                raise UsageError(
+                    f"CHECKPOINT {str(checkpoint)!r}: removed while it was read (a run in "
+                    "training keeps only its newest train.keep checkpoints); give the run "
+                    "directory to evaluate its newest"
+                ) from None
+            checkpoint = newest()
     _, eval_step = session_lib.make_steps(session)
-    feed = session.train_feed if split == "train" else session.eval_feed
+    feed = session.eval_feed
+    if split == "train":
+        # Unshuffled, in eval batches (--batch-size), the last one padded and masked.
+        size = recipe.data.eval_batch_size or recipe.data.batch_size
+        share = session.packer.share(size)
+        feed = pipeline_lib.Feed(session.data.train, size, recipe.seed, False, share)
     result = session_lib.evaluate(session, eval_step, feed)
     return {
         **result,

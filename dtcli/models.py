@@ -69,6 +69,11 @@ def _message_line(exc: BaseException) -> str:
     return f"{lines[0]}{where}" if lines else type(exc).__name__
 
 
+def _a(noun: str) -> str:
+    """'a dict', 'an int'."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _first_line(exc: BaseException) -> str:
     """`TypeName: first line of the message`, for one-line errors."""
     return f"{type(exc).__name__}: {_message_line(exc)}"
@@ -159,14 +164,17 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
             ) from None
         if not callable(fn):
             raise UsageError(
-                f"recipe key 'model.build': {cfg.build} is a {type(fn).__name__}, "
+                f"recipe key 'model.build': {cfg.build} is {_a(type(fn).__name__)}, "
                 "expected a function"
             )
         model = _call_build(fn, cfg, input_shape, num_classes)
         if not isinstance(model, tf_keras.Model):
+            # Keras 3 (`import keras`) has no DTensor support on TensorFlow.
+            keras3 = type(model).__module__.split(".")[0] == "keras"
+            hint = " (a Keras 3 model: build it with tf_keras, or tf.keras)" if keras3 else ""
             raise UsageError(
                 f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
-                "expected a tf_keras.Model"
+                f"expected a tf_keras.Model{hint}"
             )
         return model
     if cfg.transformer is not None:
@@ -291,7 +299,7 @@ def check_output(output: Any, num_classes: int, input_shape: tuple[int, ...] = (
         return
     if shape is None:
         raise UsageError(
-            f"recipe key 'model': the model returns a {type(output).__name__}, expected one "
+            f"recipe key 'model': the model returns {_a(type(output).__name__)}, expected one "
             f"(batch, {num_classes}) tensor of logits"
         )
     dims = tuple(None if d is None else int(d) for d in shape)

@@ -29,6 +29,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -413,16 +414,37 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def _scan(run_dir: Path) -> tuple[Path | None, list[ckpt_lib.DamagedCheckpoint]]:
-    """The newest checkpoint that verifies (or None) and the damaged ones newer than it."""
-    damaged: list[ckpt_lib.DamagedCheckpoint] = []
-    for checkpoint in reversed(complete_checkpoints(run_dir)):
-        try:
-            ckpt_lib.verify(checkpoint)
-        except ckpt_lib.DamagedCheckpoint as exc:
-            damaged.append(exc)
-            continue
-        return checkpoint, damaged
+    """The newest checkpoint that verifies (or None) and the damaged ones newer than it.
+
+    A run that is training removes its oldest checkpoints (train.keep) as it saves, perhaps
+    the one being verified: a checkpoint that fails and is gone a moment later was removed,
+    not damaged, and the scan starts again from the newest."""
+    for _ in range(5):
+        damaged: list[ckpt_lib.DamagedCheckpoint] = []
+        for checkpoint in reversed(complete_checkpoints(run_dir)):
+            try:
+                ckpt_lib.verify(checkpoint)
+            except (ckpt_lib.DamagedCheckpoint, OSError) as exc:
+                if _removed(checkpoint):
+                    break
+                if not isinstance(exc, ckpt_lib.DamagedCheckpoint):
+                    raise
+                damaged.append(exc)
+                continue
+            return checkpoint, damaged
+        else:
+            return None, damaged
     return None, damaged
+
+
+def _removed(checkpoint: Path, wait: float = 0.2) -> bool:
+    """Whether a checkpoint that failed to verify is being removed (it is gone shortly)."""
+    deadline = time.monotonic() + wait
+    while storage.as_path(checkpoint).exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _warn_damaged(damaged: list[ckpt_lib.DamagedCheckpoint], using: Path, warn: Warn) -> None:

@@ -311,7 +311,6 @@ def _train(
     session = prepare(recipe, cluster=cluster)
     recipe = session.recipe
     train_step, eval_step = make_steps(session)
-    eval_packed = pack_all(session, session.eval_feed)
     checkpointer = ckpt_lib.Checkpointer(
         run.checkpoints,
         session.checkpoint_objects(),
@@ -365,7 +364,6 @@ def _train(
                 session,
                 train_step,
                 eval_step,
-                eval_packed,
                 writer,
                 checkpointer,
                 console,
@@ -682,7 +680,6 @@ def _loop(
     session: Session,
     train_step: Any,
     eval_step: Any,
-    eval_packed: list | None,
     writer: Any,
     checkpointer: Any,
     console: Any,
@@ -698,6 +695,7 @@ def _loop(
     bar = _Bar(console, enabled=progress, unit="tok/s" if lm else "ex/s")
     state = start
     trained = 0
+    eval_packed: list | None = None  # an in-memory eval split's batches, packed once
 
     def count_step() -> None:
         nonlocal trained
@@ -744,6 +742,8 @@ def _loop(
         step = int(session.optimizer.iterations.numpy())
         if state.batch < steps:  # stopped by Ctrl-C: save where we are, mid-epoch
             interrupt(state)
+        if eval_packed is None:  # at the first evaluation: none of it before the first step
+            eval_packed = pack_all(session, session.eval_feed)  # (None again for a stream)
         ev = evaluate(session, eval_step, session.eval_feed, eval_packed)
         record = {
             "epoch": epoch + 1,

@@ -97,6 +97,49 @@ def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
     assert [line for line in r.err_lines if "is damaged" in line]
 
 
+def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
+    trained_run, tmp_path, cli, monkeypatch
+):
+    """A run that is training removes its oldest checkpoints as it saves (train.keep): eval of
+    the run takes the newest that is there, with no "damaged" warning; eval of a checkpoint
+    folder that goes away says so in one line."""
+    from dtcli import evaluate as evaluate_lib
+
+    run = copy_run(trained_run, tmp_path)
+    verify = ckpt_lib.verify
+
+    def removed_while_verified(checkpoint):
+        if checkpoint.name == "ckpt-00000009" and checkpoint.exists():
+            shutil.rmtree(checkpoint)  # the trainer's rotation, during the read
+            raise ckpt_lib.DamagedCheckpoint(checkpoint, "ckpt.index is missing")
+        return verify(checkpoint)
+
+    monkeypatch.setattr(ckpt_lib, "verify", removed_while_verified)
+    warnings = []
+    assert rundir.latest_intact(run, warnings.append).name == "ckpt-00000006"
+    assert warnings == []
+    monkeypatch.setattr(ckpt_lib, "verify", verify)
+
+    run = copy_run(trained_run, tmp_path, "run2")
+    restore = ckpt_lib.Checkpointer.restore
+
+    def removed_while_restored(self, checkpoint, *args, **kwargs):
+        if checkpoint.name == "ckpt-00000009":
+            shutil.rmtree(checkpoint)
+            raise ckpt_lib.DamagedCheckpoint(checkpoint, "it has no meta.json")
+        return restore(self, checkpoint, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", removed_while_restored)
+    assert evaluate_lib.evaluate_path(run)["step"] == 6  # the run's newest, found again
+    run = copy_run(trained_run, tmp_path, "run3")
+    r = cli("eval", run / "checkpoints" / "ckpt-00000009")
+    assert r.code == 2 and r.err_lines == [
+        f"error: CHECKPOINT '{run / 'checkpoints' / 'ckpt-00000009'}': removed while it was "
+        "read (a run in training keeps only its newest train.keep checkpoints); give the run "
+        "directory to evaluate its newest"
+    ], r.err
+
+
 # --------------------------------------------------------------------------- resume semantics
 
 

@@ -145,6 +145,22 @@ def test_eval_on_other_meshes_reproduces_training_metrics(run4, mesh):
     assert result["trained_on_mesh"] == "batch=4,model=2"
 
 
+def test_eval_on_the_training_split_counts_each_example_once_on_any_mesh(run4):
+    """The training split (placed on the devices while training, data.placement auto) is read
+    as an eval split is: from the host, unshuffled, in eval batches, the last one masked."""
+    results = []
+    for extra in ([], ["--mesh", "model=8"], ["--batch-size", "100"]):
+        proc = run_cli("eval", run4, "--split", "train", "--json", *extra)
+        assert proc.returncode == 0, proc.stderr
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert [r["examples"] for r in results] == [1437] * 3 and results[0]["split"] == "train"
+    for r in results[1:]:
+        assert r["accuracy"] == results[0]["accuracy"]
+        assert r["loss"] == pytest.approx(results[0]["loss"], rel=1e-5)
+    # After 4 epochs the model fits its training data better than the held-out data.
+    assert results[0]["loss"] < metrics.read(run4 / "metrics.jsonl")[-1]["eval_loss"]
+
+
 def test_eval_of_another_model_names_the_weight(run4):
     proc = run_cli(
         "eval",

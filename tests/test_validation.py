@@ -552,7 +552,7 @@ def test_build_function_with_a_type_error_inside(cpu8, tmp_path):
             "raise RuntimeError('no GPU here\\ntrace')\n",
             r"RuntimeError: no GPU here\)$",
         ),
-        ("vmod_notfn", "fn = 3\n", r"vmod_notfn:fn is a int, expected a function$"),
+        ("vmod_notfn", "fn = 3\n", r"vmod_notfn:fn is an int, expected a function$"),
     ],
 )
 def test_build_module_that_cannot_load(cpu8, tmp_path, name, body, expected):
@@ -682,3 +682,20 @@ def test_a_batch_on_a_mesh_whose_data_axis_size_needs_the_devices_loads():
     # -1 with no device count: the devices decide, later; 8 devices and model=2: batch=4.
     R.load(RECIPES / "quickstart.yaml", [], mesh="batch=-1,model=2", devices="cpu")
     R.load(RECIPES / "quickstart.yaml", [], mesh="batch=-1,model=2", devices="cpu:8")
+
+
+def test_a_build_function_returning_a_keras_3_model_gets_a_hint(cpu8, tmp_path):
+    folder = write_module(
+        tmp_path,
+        "vmod_keras3",
+        "import keras\n"
+        "def fn(input_shape, num_classes):\n"
+        "    return keras.Sequential([keras.layers.Dense(num_classes)])\n",
+    )
+    refused(
+        describe,
+        build="vmod_keras3:fn",
+        build_path=folder,
+        match=r"^recipe key 'model.build': vmod_keras3:fn returned Sequential, expected a "
+        r"tf_keras.Model \(a Keras 3 model: build it with tf_keras, or tf.keras\)$",
+    )
