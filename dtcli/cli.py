@@ -67,6 +67,11 @@ SetOption = typer.Option(
 )
 MeshOption = typer.Option(None, "--mesh", help="Mesh axes, like batch=4,model=2 (one may be -1).")
 DevicesOption = typer.Option(None, "--devices", help="cpu, cpu:N, gpu, gpu:N, tpu or auto.")
+EpochsOption = typer.Option(
+    None, "--epochs", help="Override train.epochs (the total, also with --resume)."
+)
+OutOption = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME).")
+NoProgressOption = typer.Option(False, "--no-progress", help="No live progress bar.")
 ConnectTimeoutOption = typer.Option(
     60.0,
     "--connect-timeout",
@@ -122,14 +127,12 @@ def train(
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
-    epochs: int | None = typer.Option(
-        None, "--epochs", help="Override train.epochs (the total, also with --resume)."
-    ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    epochs: int | None = EpochsOption,
+    out: str | None = OutOption,
     resume: str | None = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint (on any mesh)."
     ),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
+    no_progress: bool = NoProgressOption,
     client_id: int | None = typer.Option(
         None, "--client-id", help="This client's index in --jobs (multi-client runs)."
     ),
@@ -207,14 +210,12 @@ def launch(
     ),
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
-    epochs: int | None = typer.Option(
-        None, "--epochs", help="Override train.epochs (the total, also with --resume)."
-    ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME)."),
+    epochs: int | None = EpochsOption,
+    out: str | None = OutOption,
     resume: str | None = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its latest checkpoint."
     ),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No live progress bar."),
+    no_progress: bool = NoProgressOption,
     connect_timeout: float = ConnectTimeoutOption,
     grace_period: float = GraceOption,
 ) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
-from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
@@ -79,8 +78,6 @@ def evaluate_checkpoint(
     from dtcli import session as session_lib
     from dtcli.mesh import mesh_text
 
-    if split not in SPLITS:
-        raise UsageError(f"--split {split!r}: expected eval or train")
     if split == "train":  # read as an eval split is: from the host, each example once
         data = dataclasses.replace(recipe.data, placement="host")
         recipe = recipe_lib.replace(recipe, data=data)
@@ -104,10 +101,7 @@ def evaluate_checkpoint(
     _, eval_step = session_lib.make_steps(session)
     feed = session.eval_feed
     if split == "train":
-        # Unshuffled, in eval batches (--batch-size), the last one padded and masked.
-        size = recipe.data.eval_batch_size or recipe.data.batch_size
-        share = session.packer.share(size)
-        feed = pipeline_lib.Feed(session.data.train, size, recipe.seed, False, share)
+        feed = session_lib.eval_feed(recipe, session.data.train, session.packer)
     result = session_lib.evaluate(session, eval_step, feed)
     return {
         **result,

@@ -110,7 +110,6 @@ def prepare(
     resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
     packer = pipeline_lib.Packer(mesh, data_axis)
     cfg = recipe.data
-    eval_batch = cfg.eval_batch_size or cfg.batch_size
     steps = recipe.train.steps_per_epoch
     if (
         "train" in splits
@@ -143,10 +142,17 @@ def prepare(
             packer.share(cfg.batch_size),
             on_device=placed is not None,
         ),
-        pipeline_lib.Feed(dataset.eval, eval_batch, recipe.seed, False, packer.share(eval_batch)),
+        eval_feed(recipe, dataset.eval, packer),
         cluster,
         placed,
     )
+
+
+def eval_feed(recipe: Recipe, split: Any, packer: pipeline_lib.Packer) -> pipeline_lib.Feed:
+    """`split` read for evaluation: unshuffled, in eval batches, the last one padded and masked,
+    so that each example counts once."""
+    size = recipe.data.eval_batch_size or recipe.data.batch_size
+    return pipeline_lib.Feed(split, size, recipe.seed, False, packer.share(size))
 
 
 # data.placement auto: the most bytes the copies of a training split on this process's devices

@@ -303,10 +303,8 @@ def _train(
             f"{recipe.train.epochs}; --epochs is the total, give more",
             highlight=False,
         )
-        history = []
-        if chief and run.metrics.is_file():
-            history = [r for r in metrics_lib.read(run.metrics) if r.get("step", 0) <= meta["step"]]
-            _summary(console, history, done)
+        history = _history_until(run, meta["step"]) if chief else []
+        _summary(console, history, done)
         return RunResult(run.path, history)
     session = prepare(recipe, cluster=cluster)
     recipe = session.recipe
@@ -328,8 +326,8 @@ def _train(
         session.optimizer.set_hyperparameters(recipe.optimizer)
         checkpointer.last_step = meta["step"]
         start = EpochState(**meta["epoch_state"])
-        if chief and run.metrics.is_file():
-            history = [r for r in metrics_lib.read(run.metrics) if r.get("step", 0) <= meta["step"]]
+        if chief:
+            history = _history_until(run, meta["step"])
         console.print(
             f"resuming {latest} (epoch {start.epoch + 1}, batch {start.batch}, "
             f"step {meta['step']})",
@@ -404,6 +402,15 @@ def _train(
     if chief:
         _summary(console, history, start.epoch if latest is not None else 0)
     return RunResult(run.path, history)
+
+
+def _history_until(run: rundir.RunDir, step: int) -> list[dict[str, Any]]:
+    """The run's epoch records up to `step` (a resume replays the epochs after it)."""
+    from dtcli import metrics as metrics_lib
+
+    if not run.metrics.is_file():
+        return []
+    return [r for r in metrics_lib.read(run.metrics) if r.get("step", 0) <= step]
 
 
 def _as_printed(exc: BaseException) -> str:
