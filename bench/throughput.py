@@ -207,6 +207,7 @@ def main() -> None:
     from dtcli import pipeline as pipeline_lib
     from dtcli import recipe as recipe_lib
     from dtcli import session as session_lib
+    from dtcli.mesh import mesh_text
 
     sets = []
     if args.synthetic or not MNIST.is_dir():
@@ -291,7 +292,7 @@ def main() -> None:
     result = {
         "recipe": Path(args.recipe).name,
         "data": session.data.description,
-        "mesh": ",".join(f"{a}={s}" for a, s in session.axes.items()),
+        "mesh": mesh_text(session.axes),
         "devices": session.devices.text,
         "steps_per_epoch": full,
         "repeats": args.repeats,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtcli import devices as devices_lib
+from dtcli.mesh import mesh_text
 
 # Largest relative weight difference between the 1-device and the multi-device run that passes.
 TOLERANCE = 1e-5
@@ -218,7 +219,7 @@ def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
             diff = _max_rel(results[count][0], results[1][0])
             # A step that changed nothing would be "mesh invariant" too.
             moved = _max_rel(results[1][0], results[1][1]) > 100 * TOLERANCE
-            mesh = ",".join(f"{a}={s}" for a, s in multi.items())
+            mesh = mesh_text(multi)
             checks.append(
                 Check(
                     f"probe: dtcli {api} + {optimizer}",

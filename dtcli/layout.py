@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtcli.errors import UsageError
-from dtcli.recipe import UNSHARDED
+from dtcli.mesh import UNSHARDED, mesh_text
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,7 @@ def plan_weights(
         for axis in spec:
             if axis != UNSHARDED and axis not in axes:
                 raise UsageError(
-                    f"recipe key '{key}': axis '{axis}' is not in the mesh "
-                    f"{','.join(f'{a}={s}' for a, s in axes.items())} "
+                    f"recipe key '{key}': axis '{axis}' is not in the mesh {mesh_text(axes)} "
                     f"(add {axis}=1 to the mesh to keep the rule without sharding)"
                 )
         if (

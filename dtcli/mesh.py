@@ -6,10 +6,13 @@ import math
 from typing import Any
 
 from dtcli.errors import UsageError
-from dtcli.recipe import UNSHARDED
+
+# The layout entry (in layouts.data_axis and the layout rules) for a dim no mesh axis shards.
+UNSHARDED = "unsharded"
 
 
 def mesh_text(axes: dict[str, int]) -> str:
+    """`{"batch": 4, "model": 2}` -> "batch=4,model=2" (the --mesh form, in messages too)."""
     return ",".join(f"{a}={s}" for a, s in axes.items())
 
 

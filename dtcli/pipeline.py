@@ -24,7 +24,7 @@ import numpy as np
 
 from dtcli import data as data_lib
 from dtcli.errors import UsageError
-from dtcli.recipe import UNSHARDED
+from dtcli.mesh import UNSHARDED
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any
 
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
-from dtcli.recipe import UNSHARDED, OptimizerConfig, Recipe
+from dtcli.mesh import UNSHARDED
+from dtcli.recipe import OptimizerConfig, Recipe
 
 FLOAT32 = 4  # bytes: dtcli trains in float32
 

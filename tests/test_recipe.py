@@ -7,6 +7,7 @@ from conftest import RECIPES
 
 from dtcli import recipe as R
 from dtcli.errors import UsageError
+from dtcli.recipe import data_checks
 
 
 def raw_quickstart() -> dict:
@@ -68,23 +69,26 @@ def test_wrong_types_name_the_key(key, value, message):
 
 def test_yaml_exponent_without_dot_is_a_float():
     # YAML 1.1 reads 3e-4 as a string; a learning rate written so must still work.
-    r = R.load(RECIPES / "quickstart.yaml", ["optimizer.learning_rate=3e-4"])
+    r = R.load(RECIPES / "quickstart.yaml", R.Overrides(sets=["optimizer.learning_rate=3e-4"]))
     assert r.optimizer.learning_rate == pytest.approx(3e-4)
 
 
 def test_set_overrides_and_type_checks():
-    r = R.load(RECIPES / "quickstart.yaml", ["data.batch_size=32", "train.epochs=2", "seed=7"])
+    r = R.load(
+        RECIPES / "quickstart.yaml",
+        R.Overrides(sets=["data.batch_size=32", "train.epochs=2", "seed=7"]),
+    )
     assert (r.data.batch_size, r.train.epochs, r.seed) == (32, 2, 7)
     with pytest.raises(UsageError, match=r"'data.batch_size': expected an integer"):
-        R.load(RECIPES / "quickstart.yaml", ["data.batch_size=abc"])
+        R.load(RECIPES / "quickstart.yaml", R.Overrides(sets=["data.batch_size=abc"]))
     with pytest.raises(UsageError, match=r"unknown recipe key 'data.bach_size'"):
-        R.load(RECIPES / "quickstart.yaml", ["data.bach_size=3"])
+        R.load(RECIPES / "quickstart.yaml", R.Overrides(sets=["data.bach_size=3"]))
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a..b=1", "data.batch_size=[1, 2"])
 def test_unparsable_set(bad):
     with pytest.raises(UsageError, match=r"--set"):
-        R.load(RECIPES / "quickstart.yaml", [bad])
+        R.load(RECIPES / "quickstart.yaml", R.Overrides(sets=[bad]))
 
 
 def test_mesh_argument():
@@ -96,10 +100,10 @@ def test_mesh_argument():
 
 
 def test_mesh_override_keeps_rule_axes_with_size_one_and_devices_follow():
-    r = R.load(RECIPES / "quickstart.yaml", mesh="batch=8")
+    r = R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="batch=8"))
     assert r.mesh == {"batch": 8, "model": 1}
     assert r.devices == "cpu"  # was cpu:8; the count now follows the mesh
-    r = R.load(RECIPES / "quickstart.yaml", mesh="model=8")
+    r = R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="model=8"))
     assert r.mesh == {"model": 8, "batch": 1}
 
 
@@ -255,7 +259,7 @@ def test_config_prints_the_resolved_recipe_and_the_schema(tmp_path):
     child = write(tmp_path, "child.yaml", "base: base.yaml\nname: ${RUN_NAME:-c}\n")
     res = run_cli("config", child, "--set", "train.epochs=3")
     assert res.code == 0, res.err
-    printed = R.from_mapping(R._load_yaml(res.out))
+    printed = R.from_mapping(R.load_yaml(res.out))
     assert printed.name == "c" and printed.train.epochs == 3
     assert printed.model == R.load(RECIPES / "quickstart.yaml").model
 
@@ -319,7 +323,7 @@ def test_version_and_python_m(tmp_path):
 
 
 def test_tfds_sources_without_the_tfds_extra_name_the_extra(monkeypatch):
-    monkeypatch.setattr(R, "tfds_installed", lambda: False)
+    monkeypatch.setattr(data_checks, "tfds_installed", lambda: False)
     raw = raw_quickstart()
     raw["data"] = {"source": "tfds", "name": "mnist", "shape": [28, 28, 1]}
     with pytest.raises(
@@ -333,3 +337,65 @@ def test_tfds_sources_without_the_tfds_extra_name_the_extra(monkeypatch):
         R.from_mapping(lm)
     del lm["data"]["name"]
     R.from_mapping(lm)  # a text file or the embedded default: no TFDS needed
+
+
+# The old keyword form of load: r23-merge: remove these cases with the shim in recipe.load.
+@pytest.mark.parametrize(
+    "keywords",
+    [
+        {},
+        {"sets": ["optimizer.learning_rate=3e-4", "data.batch_size=32"]},
+        {"mesh": "batch=8"},
+        {"mesh": "batch=-1,model=2", "devices": "cpu:8"},
+        {"sets": ["train.epochs=5"], "epochs": 2, "devices": "cpu:4"},
+    ],
+)
+def test_overrides_apply_gives_the_recipe_the_keyword_form_gave(keywords):
+    path = RECIPES / "quickstart.yaml"
+    rest = {k: v for k, v in keywords.items() if k != "sets"}
+    old = R.load(path, keywords.get("sets", []), **rest)
+    overrides = R.Overrides(**keywords)
+    assert R.load(path, overrides) == old
+    assert R.from_mapping(overrides.apply(R.read_raw(path))) == old
+    assert R.load(path, sets=keywords.get("sets", ()), **rest) == old
+
+
+def test_overrides_apply_in_the_order_the_options_were_always_applied():
+    raw = raw_quickstart()
+    before = R.read_raw(RECIPES / "quickstart.yaml")
+    out = R.Overrides(sets=["mesh.batch=2", "devices=cpu:2"], mesh="model=4", epochs=3).apply(raw)
+    assert raw == before  # the raw mapping given is not changed
+    assert out["mesh"] == {"model": 4, "batch": 1}  # --mesh after --set replaces the mesh
+    assert out["devices"] == "cpu"  # a new mesh: the count follows it
+    assert out["train"]["epochs"] == 3
+    with pytest.raises(UsageError, match=r"^--epochs: this recipe counts train.steps"):
+        R.Overrides(sets=["train.steps=10"], epochs=2).apply(raw)
+    with pytest.raises(UsageError, match=r"--devices"):
+        R.Overrides(devices="cpu:x").apply(raw)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        R.Overrides(),
+        R.Overrides(sets=("a.b=1", "c=[1, 2]", "d=x=y")),
+        R.Overrides(mesh="batch=-1,model=2", epochs=3),
+        R.Overrides(sets=["train.keep=2"], mesh="batch=4", devices="cpu:8", epochs=1),
+    ],
+)
+def test_overrides_to_argv_round_trips_through_dtcli_train(overrides):
+    import typer
+
+    from dtcli import cli
+
+    train = typer.main.get_command(cli.app).commands["train"]
+    params = train.make_context("train", ["r.yaml", *overrides.to_argv()]).params
+    parsed = R.Overrides(params["sets"] or (), params["mesh"], params["devices"], params["epochs"])
+    assert parsed == overrides
+
+
+def test_overrides_to_argv_lists_the_options_as_launch_passes_them():
+    overrides = R.Overrides(sets=["a=1", "b=2"], mesh="batch=2", devices="cpu:2", epochs=4)
+    assert overrides.to_argv() == [
+        "--set", "a=1", "--set", "b=2", "--mesh", "batch=2", "--epochs", "4", "--devices", "cpu:2",
+    ]  # fmt: skip

@@ -1,0 +1,291 @@
+"""Checks between keys, one function per section, run after every key has its type.
+
+The `data` section's own checks are in data_checks. Nothing here reads a file, looks at the
+devices or imports TensorFlow: `dtcli config` runs all of it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from dtcli import devices as devices_lib
+from dtcli.devices import MAX_VIRTUAL_CPUS
+from dtcli.errors import UsageError
+from dtcli.mesh import UNSHARDED, check_batch, mesh_text
+from dtcli.recipe.configs import (
+    LayoutConfig,
+    ModelConfig,
+    OptimizerConfig,
+    Recipe,
+    TrainConfig,
+    TransformerConfig,
+)
+from dtcli.recipe.data_checks import check_data
+
+
+def check(recipe: Recipe) -> Recipe:
+    """Checks that need more than one key's type; no devices or TensorFlow needed.
+
+    The sections are checked in this order, and the first failing check is the error shown."""
+    devices_lib.parse(recipe.devices)
+    if not 0 <= recipe.seed <= 2**32 - 1:
+        raise UsageError(
+            f"recipe key 'seed': expected an integer in [0, 2**32 - 1], got {recipe.seed}"
+        )
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", recipe.name):
+        raise UsageError(
+            f"recipe key 'name': expected letters, digits, '_', '.', '-', got {recipe.name!r}"
+        )
+    _check_mesh(recipe.mesh)
+    _check_layouts(recipe.layouts, recipe.mesh)
+    _check_devices_mesh(recipe)
+    _check_model(recipe.model)
+    _check_task(recipe)
+    check_data(recipe.data)
+    _check_batch_on_mesh(recipe)
+    _check_train(recipe.train)
+    _check_optimizer(recipe.optimizer)
+    o, t = recipe.optimizer, recipe.train
+    if o.warmup_steps and o.decay_steps is None and t.steps and o.warmup_steps >= t.steps:
+        raise UsageError(
+            f"recipe key 'optimizer.warmup_steps': {o.warmup_steps} is not below train.steps "
+            f"{t.steps} (the rate would never leave its warmup); use fewer warmup steps"
+        )
+    return recipe
+
+
+def _check_mesh(mesh: dict[str, int]) -> None:
+    if not mesh:
+        raise UsageError("recipe key 'mesh': expected at least one axis, like {batch: 8}")
+    fill = [a for a, s in mesh.items() if s == -1]
+    if len(fill) > 1:
+        raise UsageError(f"recipe key 'mesh': at most one axis may be -1, got {fill}")
+    for axis, size in mesh.items():
+        if size == 0 or size < -1:
+            raise UsageError(
+                f"recipe key 'mesh.{axis}': expected a positive size or -1, got {size}"
+            )
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == UNSHARDED:
+            raise UsageError(f"recipe key 'mesh.{axis}': not a usable axis name")
+
+
+def _check_layouts(lay: LayoutConfig, mesh: dict[str, int]) -> None:
+    """Every axis the layouts name is in the mesh (the weights are checked once built)."""
+    if lay.data_axis not in mesh and lay.data_axis != UNSHARDED:
+        raise UsageError(
+            f"recipe key 'layouts.data_axis': axis '{lay.data_axis}' is not in the mesh "
+            f"{mesh_text(mesh)} (use a mesh axis or 'unsharded')"
+        )
+    for pattern, dims in lay.rules.items():
+        key = f"layouts.rules.{pattern}"
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"recipe key '{key}': not a valid regex ({exc})") from None
+        for dim in dims:
+            if dim != UNSHARDED and dim not in mesh:
+                raise UsageError(
+                    f"recipe key '{key}': axis '{dim}' is not in the mesh "
+                    f"{mesh_text(mesh)} (expected a mesh axis or 'unsharded')"
+                )
+        used = [d for d in dims if d != UNSHARDED]
+        if len(used) != len(set(used)):
+            raise UsageError(f"recipe key '{key}': a mesh axis may shard only one dim, got {dims}")
+
+
+def _check_devices_mesh(recipe: Recipe) -> None:
+    """A mesh with a `cpu` device spec without count asks for that many virtual CPUs."""
+    spec = devices_lib.parse(recipe.devices)
+    if spec.kind not in ("cpu", "auto") or spec.count is not None:
+        return
+    if any(s == -1 for s in recipe.mesh.values()):
+        return
+    total = math.prod(recipe.mesh.values())
+    if total > MAX_VIRTUAL_CPUS:
+        on = "" if spec.kind == "cpu" else " on a machine without GPUs"
+        raise UsageError(
+            f"recipe key 'mesh': {mesh_text(recipe.mesh)} asks for {total} devices, and devices "
+            f"{recipe.devices!r} makes them virtual CPUs{on}; at most {MAX_VIRTUAL_CPUS} "
+            "(MAX_VIRTUAL_CPUS: more exhaust memory or hang TensorFlow's start-up)"
+        )
+
+
+def _check_batch_on_mesh(recipe: Recipe) -> None:
+    """The batches divide by the data axis, checked here wherever its size is known without the
+    devices (a fixed size, or -1 with a device count), so that `config` and every command refuse
+    it before TensorFlow starts; the session checks it again once the devices are known."""
+    axis = recipe.layouts.data_axis
+    if axis == UNSHARDED:
+        return
+    axes = dict(recipe.mesh)
+    if axes[axis] == -1:
+        count = devices_lib.parse(recipe.devices).count
+        known = math.prod(s for s in axes.values() if s != -1)
+        if count is None or count % known:
+            return  # the device count is checked against the mesh once the devices are known
+        axes[axis] = count // known
+    for key in ("batch_size", "eval_batch_size"):
+        batch = getattr(recipe.data, key)
+        if batch:
+            check_batch(axes, axis, batch, f"data.{key}")
+
+
+def _check_model(m: ModelConfig) -> None:
+    if m.api == "keras":
+        given = [k for k in ("layers", "build", "transformer") if getattr(m, k) is not None]
+        if len(given) != 1:
+            raise UsageError(
+                "recipe key 'model': api keras needs exactly one of 'layers', 'build' or "
+                f"'transformer', got {given or 'none'}"
+            )
+        if m.transformer is not None:
+            _check_transformer(m.transformer)
+        if m.layers is not None and not m.layers:
+            raise UsageError("recipe key 'model.layers': expected at least one layer, got []")
+        if m.build is not None and not re.fullmatch(r"[\w.]+:\w+", m.build):
+            raise UsageError(
+                f"recipe key 'model.build': expected 'package.module:function', got {m.build!r}"
+            )
+    else:
+        if m.layers is not None or m.build is not None or m.transformer is not None:
+            raise UsageError(
+                "recipe key 'model': api core takes 'hidden' and 'activation', "
+                "not 'layers', 'build' or 'transformer'"
+            )
+        # An empty list is allowed: a linear model.
+        if not all(h > 0 for h in m.hidden):
+            raise UsageError(f"recipe key 'model.hidden': expected positive widths, got {m.hidden}")
+
+
+def _check_transformer(t: TransformerConfig) -> None:
+    for key in ("layers", "d_model", "heads", "mlp_ratio", "context"):
+        if getattr(t, key) < 1:
+            raise UsageError(
+                f"recipe key 'model.transformer.{key}': expected an integer >= 1, "
+                f"got {getattr(t, key)}"
+            )
+    if t.d_model % t.heads:
+        raise UsageError(
+            f"recipe key 'model.transformer.heads': d_model {t.d_model} does not divide into "
+            f"{t.heads} heads (expected a divisor of d_model)"
+        )
+    if not 0 <= t.dropout < 1:
+        raise UsageError(
+            f"recipe key 'model.transformer.dropout': expected a number in [0, 1), got {t.dropout}"
+        )
+
+
+def _check_task(recipe: Recipe) -> None:
+    """A language model needs token windows and a model that predicts every position."""
+    d, m = recipe.data, recipe.model
+    if recipe.task == "language_model":
+        if d.source != "text":
+            raise UsageError(
+                f"recipe key 'data.source': task language_model reads text, got {d.source!r} "
+                "(set data.source: text)"
+            )
+        if d.name != "digits" and (d.path is not None or d.eval_path is not None):
+            raise UsageError(
+                f"recipe key 'data.name': {d.name!r} names a TFDS text data set, and "
+                "data.path/data.eval_path name files; give one or the other"
+            )
+        if m.api != "keras" or m.layers is not None:
+            raise UsageError(
+                "recipe key 'model': task language_model needs model.transformer or a "
+                "model.build language model (api keras)"
+            )
+        if d.context is None:
+            raise UsageError(
+                "recipe key 'data.context': a model.build language model needs the window "
+                "length (tokens per example)"
+            )
+        t = m.transformer
+        if t is not None and d.context > t.context:
+            raise UsageError(
+                f"recipe key 'data.context': windows of {d.context} tokens are longer than "
+                f"model.transformer.context {t.context}"
+            )
+        return
+    if d.source == "text":
+        raise UsageError(
+            "recipe key 'task': data.source text trains a language model; set task: language_model"
+        )
+    if m.transformer is not None:
+        raise UsageError(
+            "recipe key 'task': model.transformer is a language model; set task: language_model"
+        )
+
+
+def _check_train(t: TrainConfig) -> None:
+    if t.epochs < 1:
+        raise UsageError(f"recipe key 'train.epochs': expected an integer >= 1, got {t.epochs}")
+    if t.steps_per_epoch is not None and t.steps_per_epoch < 1:
+        raise UsageError(
+            "recipe key 'train.steps_per_epoch': expected an integer >= 1 or null, "
+            f"got {t.steps_per_epoch}"
+        )
+    if not 1 <= t.steps_per_call <= 1000:
+        raise UsageError(
+            "recipe key 'train.steps_per_call': expected an integer from 1 to 1000, "
+            f"got {t.steps_per_call}"
+        )
+    for key in ("steps", "eval_every"):
+        value = getattr(t, key)
+        if value is not None and value < 1:
+            raise UsageError(
+                f"recipe key 'train.{key}': expected an integer >= 1 or null, got {value}"
+            )
+    if t.eval_every is not None and t.steps is None:
+        raise UsageError(
+            "recipe key 'train.eval_every': counts steps of a train.steps run; set train.steps "
+            "too (an epochs run evaluates after each epoch)"
+        )
+    for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
+        value = getattr(t, key)
+        if value < low:
+            raise UsageError(f"recipe key 'train.{key}': expected an integer >= {low}, got {value}")
+
+
+def _check_optimizer(o: OptimizerConfig) -> None:
+    # Finiteness is checked by _coerce for every float key.
+    rules = (
+        ("learning_rate", o.learning_rate > 0, "a positive number"),
+        ("beta_1", 0 <= o.beta_1 < 1, "a number in [0, 1)"),
+        ("beta_2", 0 <= o.beta_2 < 1, "a number in [0, 1)"),
+        ("epsilon", o.epsilon > 0, "a positive number"),
+        ("momentum", 0 <= o.momentum <= 1, "a number in [0, 1]"),
+        ("weight_decay", o.weight_decay >= 0, "a number >= 0"),
+    )
+    rules += (
+        ("warmup_steps", o.warmup_steps >= 0, "an integer >= 0"),
+        ("decay_steps", o.decay_steps is None or o.decay_steps >= 1, "an integer >= 1 or null"),
+        (
+            "min_learning_rate",
+            0 <= o.min_learning_rate <= o.learning_rate,
+            f"a number from 0 to optimizer.learning_rate ({o.learning_rate})",
+        ),
+        ("clip_norm", o.clip_norm is None or o.clip_norm > 0, "a positive number or null"),
+    )
+    for key, ok, expected in rules:
+        if not ok:
+            raise UsageError(
+                f"recipe key 'optimizer.{key}': expected {expected}, got {getattr(o, key)!r}"
+            )
+    if o.schedule == "cosine" and o.decay_steps is not None and o.warmup_steps >= o.decay_steps:
+        raise UsageError(
+            f"recipe key 'optimizer.warmup_steps': {o.warmup_steps} is not below "
+            f"optimizer.decay_steps {o.decay_steps} (the decay follows the warmup)"
+        )
+    if o.no_decay is not None:
+        if o.name != "adamw":
+            raise UsageError(
+                f"recipe key 'optimizer.no_decay': only adamw decays weights, got optimizer "
+                f"{o.name!r}"
+            )
+        try:
+            re.compile(o.no_decay)
+        except re.error as exc:
+            raise UsageError(
+                f"recipe key 'optimizer.no_decay': not a valid regex ({exc})"
+            ) from None

@@ -1,0 +1,183 @@
+"""The recipe's keys: seven frozen dataclasses, their defaults, and what each key means.
+
+This is the reference for a recipe file: `Recipe` is the top level, each `*Config` one section.
+Types are checked by dtcli.recipe.typed, rules between keys by dtcli.recipe.checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Sources read through tf.data, never held whole in memory.
+STREAMED_SOURCES = ("tfds", "tfrecord", "images")
+# data.source text: byte-level tokens, one per byte.
+BYTE_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where examples come from and how they are batched."""
+
+    source: Literal["embedded", "tfds", "idx", "synthetic", "tfrecord", "images", "text"] = (
+        "embedded"
+    )
+    # embedded: the data set's name ("digits"); tfds: the TFDS name ("mnist").
+    name: str = "digits"
+    # idx: a folder holding MNIST-format IDX files (train-* and/or t10k-*); tfrecord: a glob of
+    # training files; images: a folder with one subfolder of images per class.
+    path: str | None = None
+    # text: a file, a folder (every file in it, sorted, concatenated) or a glob; null: the Python
+    # standard library's own source files (a corpus every installation carries).
+    # tfrecord: a glob of evaluation files; images: a folder of the same class subfolders;
+    # text: files to evaluate on (default: the last data.eval_fraction of data.path's bytes).
+    eval_path: str | None = None
+    # text: the tokens the model sees per window (default: model.transformer.context); each
+    # training window starts at any byte (stride 1), evaluation windows do not overlap.
+    context: int | None = None
+    eval_fraction: float = 0.1
+    # tfrecord: the tf.train.Example features holding the image (bytes) and the class (int64);
+    # the image is raw bytes of data.shape in data.dtype, or an encoded PNG/JPEG/GIF/BMP.
+    image_key: str = "image"
+    label_key: str = "label"
+    encoding: Literal["raw", "encoded"] = "raw"
+    dtype: Literal["uint8", "float32"] = "uint8"
+    # Streamed sources (tfrecord, tfds): records held in the seeded shuffle buffer.
+    shuffle_buffer: int = 10_000
+    # tfds: split strings, TFDS slicing allowed ("train[:5000]").
+    train_split: str = "train"
+    eval_split: str = "test"
+    data_dir: str | None = None
+    download: bool = False
+    # idx (and embedded): example index ranges [start, stop) when one file pair serves both.
+    train_range: tuple[int, int] | None = None
+    eval_range: tuple[int, int] | None = None
+    # synthetic: the shape of one example, the class count, the example counts; tfrecord: the
+    # shape and classes too; images: [height, width, channels] to decode and resize to.
+    shape: tuple[int, ...] = (28, 28, 1)
+    classes: int = 10
+    count: int = 4096
+    eval_count: int = 1024
+    # The global batch (all devices together); it must divide by the data axis size.
+    batch_size: int = 128
+    eval_batch_size: int | None = None
+    flatten: bool = True
+    shuffle: bool = True
+    # In-memory sources (embedded, idx, synthetic): "device" places the training split on the
+    # devices once and each step gathers its batch there (no host copy per step); "host"
+    # copies each block of batches from the host; "auto" places it when every local device's
+    # copy together stays under 1 GiB.
+    placement: Literal["auto", "device", "host"] = "auto"
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """How tensors are laid out on the mesh."""
+
+    # The mesh axis input batches are sharded along; replicated along the other axes.
+    data_axis: str = "batch"
+    # Ordered rules: regex over weight paths -> one entry per tensor dim (axis name or unsharded).
+    rules: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """dtcli's decoder-only GPT (dtcli.transformer): its weight paths are documented there."""
+
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    mlp_ratio: int = 4
+    context: int = 64
+    dropout: float = 0.0
+    # The output head is the token embedding's transpose (no weights of its own).
+    tie_embeddings: bool = True
+    # Biases in the Dense layers and LayerNorms (nanoGPT's default: none).
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model: a tf-keras layer list, build function or transformer, or a Core-API MLP."""
+
+    api: Literal["keras", "core"] = "keras"
+    # keras: a list of layers, each `ClassName` or `{ClassName: {arg: value}}`.
+    layers: list[Any] | None = None
+    # keras: "package.module:function" returning a tf_keras.Model, called with
+    # (input_shape, num_classes, **args).
+    build: str | None = None
+    # The folder `build`'s module is imported from (default: the recipe file's folder, filled in
+    # at load so that the resolved recipe in a run directory still finds it).
+    build_path: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    # keras: dtcli's GPT for task language_model.
+    transformer: TransformerConfig | None = None
+    # core: hidden layer widths and activation; the output layer has one unit per class.
+    hidden: list[int] = field(default_factory=lambda: [128])
+    activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: Literal["sgd", "adam", "adamw"] = "adam"
+    learning_rate: float = 1e-3
+    momentum: float = 0.0
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    weight_decay: float = 0.004
+    # adamw: weights whose path this regex finds (re.search) are not decayed, e.g. biases and
+    # LayerNorm: '(bias|gamma|beta)$'.
+    no_decay: str | None = None
+    # The learning rate per step: constant, or cosine (linear warmup over warmup_steps, then a
+    # cosine decay to min_learning_rate at decay_steps, default the run's last step).
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    decay_steps: int | None = None
+    min_learning_rate: float = 0.0
+    # Clip the gradients to this global norm (null: no clipping).
+    clip_norm: float | None = None
+
+
+# The default K of train.steps_per_call, chosen by measurement (bench/throughput.py: on 1 device
+# K=16 reached 0.94x the limit loop, K=4 0.69x; on 8 virtual CPUs K=4, 8, 16 were within noise).
+STEPS_PER_CALL = 16
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    # Stop each epoch after this many steps (None: one pass over the training data).
+    steps_per_epoch: int | None = None
+    # Save a checkpoint every N epochs (0: only at the end) and keep the last K. A train.steps
+    # run's epochs are its stretches of eval_every steps: every N evaluations.
+    checkpoint_every: int = 1
+    keep: int = 3
+    # Write the per-step training loss to TensorBoard every N steps.
+    log_every: int = 10
+    # Training steps per compiled call: K batches go to the mesh as one block and the host reads
+    # the step results back once per call. Progress, Ctrl-C and mid-epoch saves happen between
+    # calls. A loss that is not finite stops the updates inside the call.
+    steps_per_call: int = STEPS_PER_CALL
+    # Train this many optimizer steps in all instead of whole epochs, evaluating and
+    # checkpointing every eval_every steps (default: once, at the end). Each stretch of
+    # eval_every steps reads the start of a new permutation of the training data.
+    steps: int | None = None
+    eval_every: int | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str = "run"
+    seed: int = 0
+    # classify: one class per example; language_model: the next token at every position.
+    task: Literal["classify", "language_model"] = "classify"
+    # cpu, cpu:N (N virtual CPUs), gpu, gpu:N, tpu, or auto.
+    devices: str = "auto"
+    # Ordered named mesh axes; one size may be -1 (the remaining devices).
+    mesh: dict[str, int] = field(default_factory=lambda: {"batch": -1})
+    layouts: LayoutConfig = field(default_factory=LayoutConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)

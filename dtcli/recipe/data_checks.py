@@ -1,0 +1,192 @@
+"""The `data` section's checks: sizes, what each source needs, reading and placement, the
+training count, and host memory. No file is read and TensorFlow is not imported.
+
+The checks run in a fixed order (the first failing one is the error shown), so a section's
+helpers are called in the order the keys were always checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+from dtcli.errors import UsageError
+from dtcli.recipe.configs import STREAMED_SOURCES, DataConfig
+
+# The embedded digits (the UCI 8x8 digits shipped in dtcli/assets, see data._embedded): the first
+# 4/5 train unless ranges are given.
+EMBEDDED_DIGITS = 1797
+
+
+def tfds_installed() -> bool:
+    """Whether tensorflow-datasets can be imported (an optional extra), without importing it."""
+    return importlib.util.find_spec("tensorflow_datasets") is not None
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _host_memory() -> int | None:
+    # r23-merge: remove, and call _physical_memory() directly, once tests/test_validation.py
+    # patches dtcli.recipe.data_checks._physical_memory instead of dtcli.recipe._physical_memory.
+    from dtcli import recipe as package
+
+    return package._physical_memory()
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _known_train_count(d: DataConfig) -> int | None:
+    """The training examples the recipe gives, when known without reading any file."""
+    if d.source == "synthetic":
+        return d.count
+    if d.train_range is not None and d.source in ("embedded", "idx"):
+        return d.train_range[1] - d.train_range[0]
+    if d.source == "embedded":
+        return EMBEDDED_DIGITS * 4 // 5 if d.eval_range is None else EMBEDDED_DIGITS // 2
+    return None  # IDX files without a range, TFDS splits: see data.check_batch_fits
+
+
+def check_data(d: DataConfig) -> None:
+    """The `data` section on its own (the task and mesh checks that involve it are in checks)."""
+    _check_sizes(d)
+    _check_source_needs(d)
+    _check_reading(d)
+    known = _known_train_count(d)
+    if known is not None and d.batch_size > known:
+        raise UsageError(
+            f"recipe key 'data.batch_size': {d.batch_size} is more than the {known} training "
+            f"examples of data.source {d.source}; use a batch of at most {known}"
+        )
+    _check_host_memory(d)
+
+
+def _check_sizes(d: DataConfig) -> None:
+    """Batch sizes, example counts, classes and the example shape."""
+    for key in ("batch_size", "count", "eval_count"):
+        value = getattr(d, key)
+        if value <= 0:
+            raise UsageError(f"recipe key 'data.{key}': expected a positive integer, got {value}")
+    if d.eval_batch_size is not None and d.eval_batch_size <= 0:
+        raise UsageError(
+            f"recipe key 'data.eval_batch_size': expected a positive integer or null, "
+            f"got {d.eval_batch_size}"
+        )
+    if d.classes < 2:
+        raise UsageError(f"recipe key 'data.classes': expected an integer >= 2, got {d.classes}")
+    if not d.shape or not all(n > 0 for n in d.shape):
+        raise UsageError(
+            f"recipe key 'data.shape': expected at least one dim, each a positive integer, "
+            f"got {list(d.shape)}"
+        )
+
+
+def _check_source_needs(d: DataConfig) -> None:
+    """What a source cannot do without: its files, a window length, the tfds extra."""
+    if d.source == "idx" and not d.path:
+        raise UsageError("recipe key 'data.path': source idx needs the folder of IDX files")
+    if d.source in ("tfrecord", "images"):
+        what = "a glob of TFRecord files" if d.source == "tfrecord" else "a folder of class folders"
+        for key in ("path", "eval_path"):
+            if not getattr(d, key):
+                raise UsageError(f"recipe key 'data.{key}': source {d.source} needs {what}")
+    if d.context is not None and d.context < 1:
+        raise UsageError(f"recipe key 'data.context': expected an integer >= 1, got {d.context}")
+    tfds_key = (
+        "data.source"
+        if d.source == "tfds"
+        else "data.name"
+        if d.source == "text" and d.path is None and d.name != "digits"
+        else None
+    )
+    if tfds_key is not None and not tfds_installed():
+        raise UsageError(
+            f"recipe key '{tfds_key}': TFDS data sets need the tfds extra, which is not "
+            "installed: pip install 'dtensor-cli[tfds]'"
+        )
+
+
+def _check_reading(d: DataConfig) -> None:
+    """How the examples are split, placed and shuffled."""
+    if not 0 < d.eval_fraction < 1:
+        raise UsageError(
+            f"recipe key 'data.eval_fraction': expected a number in (0, 1), got {d.eval_fraction}"
+        )
+    if d.placement == "device" and d.source == "text":
+        raise UsageError(
+            "recipe key 'data.placement': source text gathers its windows on the host (a few "
+            "bytes a step); use auto or host"
+        )
+    if d.placement == "device" and d.source in STREAMED_SOURCES:
+        raise UsageError(
+            f"recipe key 'data.placement': device needs an in-memory source (embedded, idx, "
+            f"synthetic); source {d.source} is streamed, never held whole (use auto or host)"
+        )
+    if d.shuffle_buffer <= 0:
+        raise UsageError(
+            f"recipe key 'data.shuffle_buffer': expected a positive integer, got {d.shuffle_buffer}"
+        )
+    for key in ("train_range", "eval_range"):
+        rng = getattr(d, key)
+        if rng is not None and not 0 <= rng[0] < rng[1]:
+            raise UsageError(
+                f"recipe key 'data.{key}': expected [start, stop) with 0 <= start < stop, "
+                f"got {list(rng)}"
+            )
+
+
+def _check_host_memory(d: DataConfig) -> None:
+    """Sizes that would not fit in half of this machine's memory (skipped where it is unknown)."""
+    memory = _host_memory()
+    if not memory:
+        return
+    if d.source == "synthetic":
+        _check_synthetic_memory(d, memory)
+    example = _example_values(d)
+    for key in ("batch_size", "eval_batch_size"):
+        size = getattr(d, key)
+        if size is not None and size * example * 4 > memory // 2:
+            raise UsageError(
+                f"recipe key 'data.{key}': a batch of {size} examples of {example} values needs "
+                f"{_gib(size * example * 4)} of host memory, more than half of this machine's "
+                f"{_gib(memory)}"
+            )
+
+
+def _example_values(d: DataConfig) -> int:
+    """The values in one example as the source gives it (before the model sees it)."""
+    if d.source in ("synthetic", "tfrecord", "images"):
+        return math.prod(d.shape)
+    if d.source == "text":
+        return d.context or 1
+    return 64 if d.source == "embedded" else 28 * 28
+
+
+def _check_synthetic_memory(d: DataConfig, memory: int) -> None:
+    """Synthetic data is made whole on the host: its examples, and the map that labels them."""
+    half = memory // 2
+    example = math.prod(d.shape)
+    total = (d.count + d.eval_count) * example * 4
+    if total > half:
+        key = "data.eval_count" if d.eval_count > d.count else "data.count"
+        raise UsageError(
+            f"recipe key '{key}': synthetic data of {d.count} train + {d.eval_count} eval "
+            f"examples (data.count, data.eval_count) of shape {list(d.shape)} (data.shape) "
+            f"needs {_gib(total)} of host memory, more than half of this machine's "
+            f"{_gib(memory)}"
+        )
+    weights = example * d.classes * 4  # the linear map that makes the labels
+    if weights > half:
+        raise UsageError(
+            f"recipe key 'data.classes': {d.classes} classes of examples of shape "
+            f"{list(d.shape)} need {_gib(weights)} of host memory to label, more than half "
+            f"of this machine's {_gib(memory)}"
+        )

@@ -1,0 +1,165 @@
+"""What the command line changes in a recipe (--set, --mesh, --devices, --epochs): one
+`Overrides` that applies itself to a raw recipe, and turns itself back into those options for
+the clients `dtcli launch` starts."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from dtcli import devices as devices_lib
+from dtcli.errors import UsageError
+from dtcli.mesh import UNSHARDED
+from dtcli.recipe.files import DuplicateKey, load_yaml
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """The command line's changes to a recipe; empty: the recipe as written."""
+
+    sets: tuple[str, ...] = ()  # --set KEY.PATH=VALUE, applied in order
+    mesh: str | None = None  # --mesh AXIS=SIZE,...
+    devices: str | None = None  # --devices
+    epochs: int | None = None  # --epochs
+
+    def __post_init__(self) -> None:
+        # The command line gives a list: kept as a tuple, so equal overrides compare equal.
+        object.__setattr__(self, "sets", tuple(self.sets))
+
+    def apply(self, raw: dict) -> dict:
+        """A copy of the raw recipe with the overrides applied: each --set in order, then
+        --mesh, --devices and --epochs. Raises UsageError naming the option at fault."""
+        raw = copy.deepcopy(raw)
+        for assignment in self.sets:
+            apply_set(raw, assignment)
+        if self.mesh is not None:
+            raw["mesh"] = _with_layout_axes(parse_mesh_arg(self.mesh), raw.get("layouts"))
+            if self.devices is None and isinstance(raw.get("devices"), str):
+                # A new mesh without --devices: the device count follows the mesh
+                # ("cpu:8" -> "cpu").
+                raw["devices"] = raw["devices"].split(":")[0]
+        if self.devices is not None:
+            devices_lib.parse(self.devices, "--devices")
+            raw["devices"] = self.devices
+        if self.epochs is not None:
+            _set_epochs(raw, self.epochs)
+        return raw
+
+    def to_argv(self) -> list[str]:
+        """The overrides as `dtcli train` options (what `dtcli launch` passes to each client)."""
+        argv: list[str] = []
+        for assignment in self.sets:
+            argv += ["--set", assignment]
+        if self.mesh is not None:
+            argv += ["--mesh", self.mesh]
+        if self.epochs is not None:
+            argv += ["--epochs", str(self.epochs)]
+        if self.devices is not None:
+            argv += ["--devices", self.devices]
+        return argv
+
+
+def _set_epochs(raw: dict, epochs: int) -> None:
+    raw.setdefault("train", {})
+    if not isinstance(raw["train"], dict):
+        raise UsageError("recipe key 'train': expected a mapping")
+    if raw["train"].get("steps") is not None:
+        raise UsageError(
+            "--epochs: this recipe counts train.steps (the total); use --set train.steps=N"
+        )
+    raw["train"]["epochs"] = epochs
+
+
+def parse_mesh_arg(text: str) -> dict[str, int]:
+    """`batch=4,model=2` -> {"batch": 4, "model": 2} (the --mesh argument)."""
+    mesh: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.strip().partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(
+                f"--mesh {text!r}: expected AXIS=SIZE[,AXIS=SIZE...], like batch=4,model=2"
+            )
+        if name in mesh:
+            raise UsageError(f"--mesh {text!r}: axis '{name}' appears twice")
+        if not size.strip():
+            raise UsageError(
+                f"--mesh {text!r}: axis '{name}' has no size (expected {name}=SIZE, "
+                "a positive integer or -1)"
+            )
+        try:
+            value = int(size)
+        except ValueError:
+            raise UsageError(f"--mesh {text!r}: size of axis '{name}' must be an integer") from None
+        if value == 0 or value < -1:
+            raise UsageError(
+                f"--mesh {text!r}: size of axis '{name}' must be a positive integer or -1, "
+                f"got {value}"
+            )
+        mesh[name] = value
+    return mesh
+
+
+def _with_layout_axes(axes: dict[str, int], layouts: Any) -> dict[str, int]:
+    """A --mesh that leaves out axes the layout rules name gets them with size 1.
+
+    So `--mesh batch=8` runs a tensor-parallel recipe data-parallel (its `model` rules shard
+    nothing), and a checkpoint evaluates on any mesh. In the recipe file itself, an axis the
+    mesh lacks is still an error (most likely a typo).
+    """
+    named: list[str] = []
+    if isinstance(layouts, dict):
+        data_axis = layouts.get("data_axis", "batch")
+        named.append(data_axis if isinstance(data_axis, str) else "")
+        rules = layouts.get("rules") or {}
+        if isinstance(rules, dict):
+            for dims in rules.values():
+                if isinstance(dims, list):
+                    named += [d for d in dims if isinstance(d, str)]
+    else:
+        named.append("batch")
+    out = dict(axes)
+    used = [a for a in named if a and a != UNSHARDED]
+    for axis in axes:
+        close = difflib.get_close_matches(axis, [a for a in used if a not in axes], n=1)
+        if axis not in used and close:
+            raise UsageError(
+                f"--mesh: axis '{axis}' is named by no layout rule nor layouts.data_axis "
+                f"(did you mean '{close[0]}'?)"
+            )
+    for axis in used:
+        if axis not in out:
+            out[axis] = 1
+    return out
+
+
+def apply_set(raw: dict, assignment: str) -> None:
+    """Apply one `--set key.path=value` to the raw recipe mapping (value parsed as YAML)."""
+    key, sep, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not key.strip() or any(not p for p in parts):
+        raise UsageError(
+            f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4"
+        )
+    try:
+        value = load_yaml(text) if text.strip() else None
+    except DuplicateKey as dup:
+        inner = dup.path if dup.path.startswith("[") else f".{dup.path}"
+        raise UsageError(
+            f"--set {assignment!r}: key '{key.strip()}{inner}' appears twice"
+        ) from None
+    except (yaml.YAMLError, ValueError, OverflowError):
+        raise UsageError(f"--set {assignment!r}: the value is not valid YAML") from None
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UsageError(f"--set {assignment!r}: '{'.'.join(parts[: i + 1])}' is not a mapping")
+        node = child
+    node[parts[-1]] = value
