@@ -17,7 +17,35 @@ from pathlib import Path
 
 import numpy as np
 
-from dtcli.data import write_tfrecords as write
+
+def write_tfrecords(
+    x: np.ndarray, y: np.ndarray, folder: Path, prefix: str, files: int = 1
+) -> list[Path]:
+    """Write examples as `source: tfrecord` reads them by default (`image`: the raw bytes of x[i],
+    `label`: int64), in order over `files` files named PREFIX-00000-of-0000N.tfrecord."""
+    import tensorflow as tf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, part in enumerate(np.array_split(np.arange(len(y)), files)):
+        path = folder / f"{prefix}-{i:05d}-of-{files:05d}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for j in part:
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image": tf.train.Feature(
+                                bytes_list=tf.train.BytesList(value=[x[j].tobytes()])
+                            ),
+                            "label": tf.train.Feature(
+                                int64_list=tf.train.Int64List(value=[int(y[j])])
+                            ),
+                        }
+                    )
+                )
+                w.write(example.SerializeToString())
+        paths.append(path)
+    return paths
 
 
 def generate(gigabytes: float, folder: Path, files: int, seed: int = 0) -> int:
@@ -30,10 +58,10 @@ def generate(gigabytes: float, folder: Path, files: int, seed: int = 0) -> int:
     for i, part in enumerate(np.array_split(np.arange(total), files)):
         x = rng.integers(0, 256, (len(part), 28, 28), dtype=np.uint8)
         y = np.argmax(x.reshape(len(part), -1).astype(np.float32) @ w, axis=1)
-        write(x, y, folder, f"train{i:05d}", 1)
+        write_tfrecords(x, y, folder, f"train{i:05d}", 1)
     x = rng.integers(0, 256, (1000, 28, 28), dtype=np.uint8)
     y = np.argmax(x.reshape(1000, -1).astype(np.float32) @ w, axis=1)
-    write(x, y, folder, "eval", 1)
+    write_tfrecords(x, y, folder, "eval", 1)
     return total
 
 
@@ -49,13 +77,13 @@ def main() -> None:
 
     import_tensorflow()  # without TensorFlow's native start-up notices
     if args.idx is not None:
-        from dtcli import data
+        from dtcli.data import read_idx
 
-        x = data.read_idx(next(args.idx.glob("t10k-images-idx3-ubyte*")))
-        y = data.read_idx(next(args.idx.glob("t10k-labels-idx1-ubyte*")))
+        x = read_idx(next(args.idx.glob("t10k-images-idx3-ubyte*")))
+        y = read_idx(next(args.idx.glob("t10k-labels-idx1-ubyte*")))
         half = len(y) // 2
-        write(x[:half], y[:half], args.out, "train", args.files)
-        write(x[half:], y[half:], args.out, "eval", 1)
+        write_tfrecords(x[:half], y[:half], args.out, "train", args.files)
+        write_tfrecords(x[half:], y[half:], args.out, "eval", 1)
         print(f"{half} train + {len(y) - half} eval examples in {args.out}")
     else:
         n = generate(args.generate_gb, args.out, args.files)

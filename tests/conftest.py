@@ -6,6 +6,7 @@ count, signals, exit codes seen by a shell or several clients runs in a fresh pr
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -21,6 +23,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
+
+
+def _bench_script(name: str) -> ModuleType:
+    """bench/NAME.py as a module: plain `pytest` puts tests/, not the repository, on sys.path."""
+    spec = importlib.util.spec_from_file_location(f"bench.{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Writes examples as TFRecord files `source: tfrecord` reads (bench's tool for real data sets).
+write_tfrecords = _bench_script("make_tfrecords").write_tfrecords
 
 
 def env() -> dict[str, str]:
@@ -111,7 +125,7 @@ def digit_files(tmp_path_factory, cpu8) -> dict[str, list[str]]:
     for name, split in (("train", digits.train), ("eval", digits.eval)):
         # TFRecords of the digits' own float32 values (the quickstart's data exactly); PNGs of
         # them as bytes.
-        data_lib.write_tfrecords(split.x, split.y, folder / "tfrecord", name, 3)
+        write_tfrecords(split.x, split.y, folder / "tfrecord", name, 3)
         pixels = np.round(split.x * 255).astype(np.uint8)
         for i, (image, label) in enumerate(zip(pixels, split.y)):
             target = folder / "images" / name / f"class{label}" / f"{i:04d}.png"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import RECIPES
+from conftest import RECIPES, write_tfrecords
 
 from dtcli import data as data_lib
 from dtcli import pipeline as P
@@ -94,8 +94,8 @@ def numbered(tmp_path_factory, cpu8):
     x[:, 0, 0], x[:, 0, 1] = np.arange(n) // 256, np.arange(n) % 256
     x[:, 1:, :] = np.random.default_rng(0).integers(0, 256, (n, 3, 4))
     y = np.arange(n) % 10
-    data_lib.write_tfrecords(x, y, folder, "train", 4)
-    data_lib.write_tfrecords(x[:50], y[:50], folder, "eval", 1)
+    write_tfrecords(x, y, folder, "train", 4)
+    write_tfrecords(x[:50], y[:50], folder, "eval", 1)
     sets = [
         "data.source=tfrecord",
         f"data.path={folder}/train-*",

@@ -1,0 +1,97 @@
+"""Data sets: where examples come from, and their splits.
+
+Small data sets (embedded, IDX files, synthetic, text) are read whole into host memory as numpy
+(`Split`); large ones (TFRecord files, image folders, TFDS) are streamed through tf.data as they
+train (`Stream`), never held whole. dtcli.pipeline batches both kinds the same way.
+
+One module per source, named in `SOURCES` (the values of data.source). Each has
+`load(cfg, split_names) -> Dataset` and `describe(cfg) -> (example shape, class count)`; a
+streamed one also `examples`, `share_counts` and `read_error`, picked by `Stream.kind`. A new
+source is one module and one line here (and its recipe checks).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from dtcli.data import embedded, idx, images, streams, synthetic, text, tfds, tfrecord
+from dtcli.data.base import (
+    Dataset,
+    Split,
+    Stream,
+    TextSplit,
+    check_batch_fits,
+    model_shape,
+)
+from dtcli.data.idx import read_idx
+from dtcli.data.text import stdlib_sources
+from dtcli.recipe import DataConfig
+
+SOURCES: dict[str, ModuleType] = {
+    "embedded": embedded,
+    "idx": idx,
+    "synthetic": synthetic,
+    "text": text,
+    "tfds": tfds,
+    "tfrecord": tfrecord,
+    "images": images,
+}
+
+__all__ = [
+    "SOURCES",
+    "Dataset",
+    "Split",
+    "Stream",
+    "TextSplit",
+    "check_batch_fits",
+    "describe",
+    "examples",
+    "load",
+    "no_data",
+    "read_idx",
+    "reading",
+    "share_counts",
+    "stdlib_sources",
+]
+
+
+def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> Dataset:
+    """Load the configured data set, scaled to [0, 1] and shaped for the model."""
+    return SOURCES[cfg.source].load(cfg, split_names)
+
+
+def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
+    """(input shape the model sees, class count) without loading the examples (for `dtcli plan`).
+
+    Reads only headers and labels: IDX headers, TFDS' static feature info, the recipe itself.
+    """
+    example, classes = SOURCES[cfg.source].describe(cfg)
+    return model_shape(example, cfg), classes
+
+
+def no_data(cfg: DataConfig) -> Dataset:
+    """A data set of no examples with the shapes `cfg` gives (describe): a model needs them."""
+    shape, classes = describe(cfg)
+    empty = Split(np.zeros((0, *shape), np.float32), np.zeros(0, np.int32))
+    return Dataset(empty, empty, classes, "none")
+
+
+def examples(stream: Stream, seed: int, epoch: int, shuffle: bool, group: int, groups: int) -> Any:
+    """A tf.data.Dataset of (x, y), one epoch of group `group`'s share of `stream`, in an order
+    that is a pure function of (seed, epoch): files permuted, then a seeded shuffle buffer
+    (image folders: every file permuted, no buffer needed)."""
+    return SOURCES[stream.kind].examples(stream, seed, epoch, shuffle, group, groups)
+
+
+def share_counts(stream: Stream, groups: int) -> list[int]:
+    """The examples each of `groups` client groups reads of `stream` in one epoch."""
+    return SOURCES[stream.kind].share_counts(stream, groups)
+
+
+def reading(stream: Stream) -> AbstractContextManager[None]:
+    """Errors while reading a stream, in one line naming the recipe key to change."""
+    return streams.reading(stream, SOURCES[stream.kind].read_error)
