@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtcli import devices as devices_lib
+from dtcli import tfruntime
 from dtcli.mesh import mesh_text
 
 # Largest relative weight difference between the 1-device and the multi-device run that passes.
@@ -234,14 +235,14 @@ def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
 
 def default_devices() -> str:
     """GPUs when there are any, else 8 virtual CPUs (enough for a 2-D probe mesh)."""
-    tf = devices_lib.import_tensorflow()
-    with devices_lib.quiet_native_logs():  # "no CUDA driver" is not news on a CPU machine
+    tf = tfruntime.import_tensorflow()
+    with tfruntime.quiet_native_logs():  # "no CUDA driver" is not news on a CPU machine
         return "gpu" if tf.config.list_physical_devices("GPU") else "cpu:8"
 
 
 def run(spec: str | None = None, probe: bool = True) -> list[Check]:
     """Every check, in order; the probes only when there are several devices."""
-    devices_lib.import_tensorflow()
+    tfruntime.import_tensorflow()
     checks = [_versions(), *_env_flags()]
     device_check, devices = _devices(spec or default_devices())
     checks.append(device_check)

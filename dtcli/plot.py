@@ -74,7 +74,6 @@ def plot_runs(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     for metric in metrics or []:
         if metric not in FIGURES:
@@ -85,13 +84,7 @@ def plot_runs(
     steps = load_steps(run_dirs, list(runs), warn)
     # A language model (train.steps runs) is drawn against the step, and has more to show.
     language = any("eval_perplexity" in r for records in runs.values() for r in records)
-    if metrics:
-        wanted = metrics
-    elif language:
-        wanted = ["loss", "accuracy", "perplexity"]
-        wanted += ["step_loss", "learning_rate", "grad_norm"] if steps else []
-    else:
-        wanted = ["loss", "accuracy"] + (["step_loss"] if steps else [])
+    wanted = metrics or _default_metrics(language, bool(steps))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -99,56 +92,92 @@ def plot_runs(
             f"--out {str(out_dir)!r}: cannot create it ({rundir.os_reason(exc)})"
         ) from None
     written = []
-    several = len(runs) > 1
     for metric in wanted:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        by_step = metric in STEP_METRICS
-        x_key = "step" if by_step or language else "epoch"
-        series = steps if by_step else runs
-        if not series:
-            plt.close(fig)
-            raise UsageError(f"--metric {metric}: no run here recorded it ({rundir.STEPS})")
-        for name, records in series.items():
-            color = f"C{list(runs).index(name)}"
-            for key in FIGURES[metric]:
-                points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
-                if not points:
-                    continue
-                xs, ys = zip(*points)
-                split = key.split("_")[0] if len(FIGURES[metric]) > 1 else ""
-                label = " ".join(s for s in (name if several else "", split) if s) or key
-                style = "--" if split == "eval" else "-"
-                ax.plot(
-                    xs,
-                    ys,
-                    style,
-                    color=color if several else None,
-                    marker="o" if x_key == "epoch" else None,
-                    markersize=3,
-                    label=label,
-                )
-        ax.set_xlabel(x_key)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole
-        ax.set_ylabel(metric.replace("_", " "))
-        versus = " vs training steps" if language else " vs training epochs"
-        title = TITLES[metric] + (versus if metric in ("loss", "accuracy") else "")
-        if not several:
-            title += f": {next(iter(runs))}"
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        path = out_dir / f"{metric}.png"
-        fig.tight_layout()
+        fig = _figure(plt, metric, runs, steps, language)
         try:
-            # Replaced whole: a reader (or a plot of a running run) never sees half a PNG.
-            image = io.BytesIO()
-            fig.savefig(image, dpi=100, format="png")
-            storage.write_atomic(path, image.getvalue())
-        except OSError as exc:
-            raise UsageError(
-                f"--out {str(out_dir)!r}: cannot write {path.name} ({rundir.os_reason(exc)})"
-            ) from None
+            written.append(_save(fig, out_dir / f"{metric}.png", out_dir))
         finally:
             plt.close(fig)
-        written.append(path)
     return written
+
+
+def _default_metrics(language: bool, steps: bool) -> list[str]:
+    """The figures drawn without --metric: a language model has perplexity and, with per-step
+    records, the step curves; others loss, accuracy and the step loss."""
+    if language:
+        return ["loss", "accuracy", "perplexity"] + (
+            ["step_loss", "learning_rate", "grad_norm"] if steps else []
+        )
+    return ["loss", "accuracy"] + (["step_loss"] if steps else [])
+
+
+def _figure(
+    plt: Any,
+    metric: str,
+    runs: dict[str, list[dict[str, Any]]],
+    steps: dict[str, list],
+    language: bool,
+) -> Any:
+    """One metric's figure: every run's curves of its record keys, titled and labelled."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    by_step = metric in STEP_METRICS
+    x_key = "step" if by_step or language else "epoch"
+    series = steps if by_step else runs
+    if not series:
+        plt.close(fig)
+        raise UsageError(f"--metric {metric}: no run here recorded it ({rundir.STEPS})")
+    several = len(runs) > 1
+    for name, records in series.items():
+        color = f"C{list(runs).index(name)}" if several else None
+        _curves(ax, metric, name if several else "", records, x_key, color)
+    ax.set_xlabel(x_key)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole
+    ax.set_ylabel(metric.replace("_", " "))
+    versus = " vs training steps" if language else " vs training epochs"
+    title = TITLES[metric] + (versus if metric in ("loss", "accuracy") else "")
+    if not several:
+        title += f": {next(iter(runs))}"
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _curves(
+    ax: Any, metric: str, name: str, records: list[dict[str, Any]], x_key: str, color: str | None
+) -> None:
+    """One run's curves in a figure, one per record key of the metric (train solid, eval
+    dashed); `name` labels them when several runs overlay."""
+    for key in FIGURES[metric]:
+        points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
+        if not points:
+            continue
+        xs, ys = zip(*points)
+        split = key.split("_")[0] if len(FIGURES[metric]) > 1 else ""
+        label = " ".join(s for s in (name, split) if s) or key
+        style = "--" if split == "eval" else "-"
+        ax.plot(
+            xs,
+            ys,
+            style,
+            color=color,
+            marker="o" if x_key == "epoch" else None,
+            markersize=3,
+            label=label,
+        )
+
+
+def _save(fig: Any, path: Path, out_dir: Path) -> Path:
+    try:
+        # Replaced whole: a reader (or a plot of a running run) never sees half a PNG.
+        image = io.BytesIO()
+        fig.savefig(image, dpi=100, format="png")
+        storage.write_atomic(path, image.getvalue())
+    except OSError as exc:
+        raise UsageError(
+            f"--out {str(out_dir)!r}: cannot write {path.name} ({rundir.os_reason(exc)})"
+        ) from None
+    return path

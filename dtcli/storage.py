@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dtcli.tfruntime import import_tensorflow
+
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
 
 
@@ -41,8 +43,6 @@ def as_path(path: Any) -> Path | RemotePath:
 
 
 def _tf() -> Any:
-    from dtcli.devices import import_tensorflow
-
     return import_tensorflow()  # without its native start-up lines
 
 
