@@ -83,3 +83,40 @@ def test_embedded_digits():
 def test_synthetic_is_learnable_shape():
     ds = D.load(DataConfig(source="synthetic", shape=(4, 4, 1), classes=3, count=64, eval_count=16))
     assert ds.train.x.shape == (64, 16) and set(np.unique(ds.train.y)) <= {0, 1, 2}
+
+
+def test_an_unreachable_download_host_fails_at_once_naming_it():
+    # Without network TFDS' downloader retried for minutes; dtcli asks each host first. A host
+    # under .invalid never resolves (RFC 2606), so this needs no network and sends nothing.
+    from dtcli.data import tfds as tfds_source
+
+    class Builder:
+        url_infos = {"https://dtcli-offline.invalid/data/train.gz": None}
+
+    cfg = DataConfig(source="tfds", name="mnist", download=True)
+    with pytest.raises(UsageError) as info:
+        tfds_source.check_reachable(Builder(), cfg)
+    message = str(info.value)
+    assert message.startswith(
+        "recipe key 'data.download': cannot reach dtcli-offline.invalid to download TFDS 'mnist'"
+    )
+    assert "set data.data_dir=DIR" in message
+
+
+def test_train_with_an_unreachable_download_leaves_nothing(tmp_path, monkeypatch, cli):
+    import tensorflow_datasets as tfds
+
+    unreachable = {"https://dtcli-offline.invalid/mnist/train.gz": None}
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "url_infos", property(lambda self: unreachable))
+    result = cli(
+        "train",
+        "recipes/quickstart.yaml",
+        *("--set", "data.source=tfds", "--set", "data.name=mnist", "--set", "data.download=true"),
+        *("--set", f"data.data_dir={tmp_path / 'tfds'}", "--out", tmp_path / "run"),
+    )
+    assert result.code == 2, result.err
+    assert result.err_lines[-1].startswith(
+        "error: recipe key 'data.download': cannot reach dtcli-offline.invalid"
+    ), result.err
+    assert "Traceback" not in result.err
+    assert not (tmp_path / "run").exists()

@@ -399,3 +399,71 @@ def test_overrides_to_argv_lists_the_options_as_launch_passes_them():
     assert overrides.to_argv() == [
         "--set", "a=1", "--set", "b=2", "--mesh", "batch=2", "--epochs", "4", "--devices", "cpu:2",
     ]  # fmt: skip
+
+
+# ---- messages a new user reads (issue 24, item 7)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "name: x\n\tseed: 1\n",
+            r"not valid YAML at line 2, column 1: a tab character; indent with spaces$",
+        ),
+        (
+            "data: {path: ${HOME}}\n",
+            r"not valid YAML at line 1, column 15: expected ',' or '\}', but got '\{' "
+            r"\(quote a \$\{NAME\} inside \{\.\.\.\} or \[\.\.\.\]: '\$\{NAME\}'\)$",
+        ),
+        ("mesh: {batch: 4\n", r"not valid YAML at line 2, column 1: expected ',' or '\}'"),
+        ("a: b: c\n", r"not valid YAML at line 1, column 5: mapping values are not allowed here$"),
+    ],
+)
+def test_yaml_errors_give_line_column_and_reason(tmp_path, text, expected):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=expected):
+        R.load(path)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_an_empty_recipe_file_says_so(tmp_path, text):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=r"^recipe '.*r\.yaml': is empty \(expected a mapping"):
+        R.load(path)
+
+
+def test_set_into_a_list_shows_the_whole_list_form():
+    quick = RECIPES / "quickstart.yaml"
+    with pytest.raises(UsageError) as info:
+        R.load(quick, R.Overrides(sets=("model.layers.0.Dense.units=64",)))
+    message = str(info.value)
+    assert "'model.layers' is a list: set an item by replacing the whole list" in message
+    form = message.split("--set '", 2)[2].rstrip("'")
+    # The form it shows works, and sets exactly that item.
+    changed = R.load(quick, R.Overrides(sets=(form,)))
+    assert changed.model.layers[0] == {"Dense": {"units": 64, "activation": "relu"}}
+    assert changed.model.layers[1:] == R.load(quick).model.layers[1:]
+    with pytest.raises(UsageError, match=r"--set 'model\.layers=\[\.\.\.\]'$"):
+        R.load(quick, R.Overrides(sets=("model.layers.9.Dense.units=64",)))
+
+
+@pytest.mark.parametrize(
+    "assignment, shown",
+    [
+        ("train.epochs=true", "got true"),
+        ("seed=null", "got null"),
+        ("data.batch_size=[1, 2]", "got [1, 2]"),
+        ("data.batch_size={a: 1}", "got {a: 1}"),
+        ("name=false", "got false"),
+        ("optimizer.learning_rate=.inf", "got .inf"),
+    ],
+)
+def test_messages_show_values_as_yaml_not_python(assignment, shown):
+    with pytest.raises(UsageError) as info:
+        R.load(RECIPES / "quickstart.yaml", R.Overrides(sets=(assignment,)))
+    message = str(info.value)
+    assert message.endswith(shown), message
+    assert not any(word in message for word in ("True", "False", "None", "inf)"))

@@ -31,9 +31,33 @@ def builder(cfg: DataConfig) -> Any:
         ) from None
 
 
+# How long one download host may take to accept a connection before dtcli calls it unreachable.
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(builder: Any, cfg: DataConfig, timeout: float = REACH_TIMEOUT_S) -> None:
+    """Fail at once, naming the host, where the data set's files cannot be fetched: without
+    network TFDS' downloader retries for minutes (urllib3's retries, then its own)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    hosts = sorted({(u.hostname, u.port or 443) for u in map(urlsplit, builder.url_infos or {})})
+    for host, port in hosts:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise UsageError(
+                f"recipe key 'data.download': cannot reach {host} to download TFDS "
+                f"{cfg.name!r} ({reason}); offline, prepare it where there is network (`tfds "
+                f"build {cfg.name} --data_dir DIR`), copy DIR here and set data.data_dir=DIR"
+            ) from None
+
+
 def download(builder: Any, cfg: DataConfig) -> None:
     """Prepare a TFDS data set where data.download asks for it."""
-    if cfg.download:
+    if cfg.download and not builder.is_prepared():
+        check_reachable(builder, cfg)
         try:
             builder.download_and_prepare()
         except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"

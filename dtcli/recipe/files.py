@@ -57,6 +57,22 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
 
 
+def yaml_reason(exc: yaml.YAMLError, text: str) -> str:
+    """Where the parser stopped and why, as ' at line L, column C: REASON' (and a hint for the
+    two mistakes users make most: a tab indent, a ${NAME} inside {...} or [...])."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return ""
+    problem = getattr(exc, "problem", None) or ""
+    where = f" at line {mark.line + 1}, column {mark.column + 1}"
+    line = text.splitlines()[mark.line] if mark.line < len(text.splitlines()) else ""
+    if "\\t" in problem or line[: mark.column + 1].strip(" ") == "\t":
+        return f"{where}: a tab character; indent with spaces"
+    if "${" in line and ("{" in line.split("${")[0] or "[" in line.split("${")[0]):
+        return f"{where}: {problem} (quote a ${{NAME}} inside {{...}} or [...]: '${{NAME}}')"
+    return f"{where}: {problem}" if problem else where
+
+
 def _read_file(p: Any) -> dict:
     """One recipe file as a raw mapping, exactly as written (no base, no ${VAR} yet)."""
     if p.is_dir():
@@ -77,14 +93,15 @@ def _read_file(p: Any) -> dict:
             f"{dup.second})"
         ) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise UsageError(f"recipe {str(p)!r}: not valid YAML{where}") from None
+        raise UsageError(f"recipe {str(p)!r}: not valid YAML{yaml_reason(exc, text)}") from None
     except (ValueError, OverflowError) as exc:  # a scalar YAML resolves but cannot build
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"recipe {str(p)!r}: not valid YAML ({first})") from None
     if raw is None:
-        raw = {}
+        raise UsageError(
+            f"recipe {str(p)!r}: is empty (expected a mapping of recipe keys; "
+            "`dtcli config --schema` lists them)"
+        )
     if not isinstance(raw, dict):
         raise UsageError(f"recipe {str(p)!r}: expected a mapping at the top level")
     return raw

@@ -15,6 +15,7 @@ from dtcli import devices as devices_lib
 from dtcli.errors import UsageError
 from dtcli.mesh import UNSHARDED
 from dtcli.recipe.files import DuplicateKey, load_yaml
+from dtcli.recipe.typed import shown
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,34 @@ def apply_set(raw: dict, assignment: str) -> None:
         child = node.get(part)
         if child is None:
             child = node[part] = {}
+        if isinstance(child, list):
+            raise _list_item_error(assignment, parts[: i + 1], child, parts[i + 1 :], value)
         if not isinstance(child, dict):
             raise UsageError(f"--set {assignment!r}: '{'.'.join(parts[: i + 1])}' is not a mapping")
         node = child
     node[parts[-1]] = value
+
+
+def _list_item_error(
+    assignment: str, list_path: list[str], items: list, rest: list[str], value: Any
+) -> UsageError:
+    """`--set` cannot reach into a list: say so, with the whole-list form that sets the item."""
+    key = ".".join(list_path)
+    hint = f"--set '{key}=[...]'"
+    changed = copy.deepcopy(items)
+    node: Any = changed
+    try:
+        for part in rest[:-1]:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(rest[-1])] = value
+        elif isinstance(node, dict):
+            node[rest[-1]] = value
+        else:
+            raise TypeError
+        hint = f"--set '{key}={shown(changed)}'"
+    except (LookupError, ValueError, TypeError):
+        pass
+    return UsageError(
+        f"--set {assignment!r}: '{key}' is a list: set an item by replacing the whole list, {hint}"
+    )

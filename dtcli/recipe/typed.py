@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any, Literal, Union
 
+import yaml
+
 from dtcli.errors import UsageError
 from dtcli.recipe.configs import Recipe
 
@@ -47,8 +49,20 @@ def _describe(tp: Any) -> str:
     return str(tp)
 
 
+def shown(value: Any) -> str:
+    """A value as the user wrote it in YAML (true, null, {a: 1}), not as Python prints it; a
+    string quoted."""
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30)
+    except yaml.YAMLError:
+        return repr(value)
+    return text.removesuffix("\n...\n").strip()
+
+
 def _fail(path: str, tp: Any, value: Any) -> UsageError:
-    return UsageError(f"recipe key '{path}': expected {_describe(tp)}, got {value!r}")
+    return UsageError(f"recipe key '{path}': expected {_describe(tp)}, got {shown(value)}")
 
 
 class _NotFinite(UsageError):
@@ -61,7 +75,7 @@ def _finite(value: Any, path: str) -> float:
     except OverflowError:  # an integer too large for a float
         number = math.inf
     if not math.isfinite(number):
-        raise _NotFinite(f"recipe key '{path}': expected a finite number, got {value!r}")
+        raise _NotFinite(f"recipe key '{path}': expected a finite number, got {shown(value)}")
     return number
 
 
@@ -159,7 +173,7 @@ def _coerce_dict(tp: Any, value: Any, path: str) -> dict:
     out = {}
     for k, v in value.items():
         if not isinstance(k, str):
-            raise UsageError(f"recipe key '{path}': keys must be strings, got {k!r}")
+            raise UsageError(f"recipe key '{path}': keys must be strings, got {shown(k)}")
         out[k] = _coerce(val_tp, v, f"{path}.{k}")
     return out
 
@@ -170,7 +184,7 @@ def build(cls: type, raw: Any, path: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise UsageError(f"recipe key '{path or '<top>'}': expected a mapping, got {raw!r}")
+        raise UsageError(f"recipe key '{path or '<top>'}': expected a mapping, got {shown(raw)}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in raw:
