@@ -155,11 +155,11 @@ class Profiler:
         self.traced = (self._first, last)
 
 
-def read(path: Path, warn: Any = None) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; lines that do not parse (a crash mid-write) are skipped,
-    with one warning that counts them."""
+def read(path: Path, warn: Any = None, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; lines that do not parse (a crash mid-write), that are not
+    JSON objects or that lack a `required` key are skipped, with one warning that says why."""
     records = []
-    bad = []
+    bad: list[str] = []  # "line N <why>"
     text = storage.as_path(path).read_text(errors="replace")
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -167,17 +167,16 @@ def read(path: Path, warn: Any = None) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            bad.append(number)
+            bad.append(f"line {number} is not a complete JSON record")
             continue
-        if isinstance(record, dict):
+        if not isinstance(record, dict):
+            bad.append(f"line {number} is not a JSON object")
+        elif missing := [key for key in required if key not in record]:
+            bad.append(f"line {number} has no {missing[0]!r}")
+        else:
             records.append(record)
-        else:
-            bad.append(number)
     if bad:
-        if len(bad) == 1:
-            which = f"line {bad[0]} is not a complete JSON record"
-        else:
-            which = f"{len(bad)} lines (the first: {bad[0]}) are not complete JSON records"
+        which = bad[0] if len(bad) == 1 else f"{len(bad)} lines (the first: {bad[0]})"
         message = f"warning: {path}: {which}; skipped"
         (warn or (lambda m: print(m, file=sys.stderr)))(message)
     return records

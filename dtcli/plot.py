@@ -41,7 +41,7 @@ def load_steps(run_dirs: list[Path], names: list[str], warn: Any = None) -> dict
     for name, run_dir in zip(names, run_dirs):
         path = rundir.steps_file(run_dir)
         if path.is_file():
-            records = read(path, warn)
+            records = read(path, warn, required=("step",))
             if records:
                 steps[name] = records
     return steps
@@ -52,7 +52,7 @@ def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str
     for run_dir in run_dirs:
         path = rundir.metrics_file(run_dir)
         try:
-            records = read(path, warn)
+            records = read(path, warn, required=("epoch", "step"))
         except OSError as exc:
             raise UsageError(
                 f"RUN_DIR {str(run_dir)!r}: cannot read {path.name} ({rundir.os_reason(exc)})"
@@ -84,7 +84,9 @@ def plot_runs(
     steps = load_steps(run_dirs, list(runs), warn)
     # A language model (train.steps runs) is drawn against the step, and has more to show.
     language = any("eval_perplexity" in r for records in runs.values() for r in records)
-    wanted = metrics or _default_metrics(language, bool(steps))
+    defaults = _default_metrics(language, bool(steps))
+    wanted = metrics or [m for m in defaults if _recorded(m, runs, steps)] or defaults[:1]
+    _check_recorded(wanted, runs, steps)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -99,6 +101,21 @@ def plot_runs(
         finally:
             plt.close(fig)
     return written
+
+
+def _recorded(metric: str, runs: dict[str, list], steps: dict[str, list]) -> bool:
+    series = steps if metric in STEP_METRICS else runs
+    return any(key in r for records in series.values() for r in records for key in FIGURES[metric])
+
+
+def _check_recorded(wanted: list[str], runs: dict[str, list], steps: dict[str, list]) -> None:
+    """Every metric asked for is in some run's records, before anything is written."""
+    for metric in wanted:
+        if not _recorded(metric, runs, steps):
+            have = [m for m in FIGURES if _recorded(m, runs, steps)]
+            raise UsageError(
+                f"--metric {metric}: no run here recorded it; they have {', '.join(have) or 'none'}"
+            )
 
 
 def _default_metrics(language: bool, steps: bool) -> list[str]:
@@ -125,9 +142,6 @@ def _figure(
     by_step = metric in STEP_METRICS
     x_key = "step" if by_step or language else "epoch"
     series = steps if by_step else runs
-    if not series:
-        plt.close(fig)
-        raise UsageError(f"--metric {metric}: no run here recorded it ({rundir.STEPS})")
     several = len(runs) > 1
     for name, records in series.items():
         color = f"C{list(runs).index(name)}" if several else None

@@ -91,3 +91,33 @@ def test_cli_error_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"error: RUN_DIR {str(tmp_path / 'missing')!r}: no such folder"
     ]
+
+
+def test_a_metric_no_run_recorded_names_those_they_have_and_writes_nothing(tmp_path):
+    run = fake_run(tmp_path / "a")
+    with pytest.raises(UsageError) as info:
+        plot_runs([run], tmp_path / "plots", ["loss", "perplexity"])
+    assert str(info.value) == (
+        "--metric perplexity: no run here recorded it; they have loss, accuracy, "
+        "examples_per_sec, step_loss"
+    )
+    assert not (tmp_path / "plots").exists()
+    with pytest.raises(UsageError, match="--metric grad_norm: no run here recorded it"):
+        plot_runs([fake_run(tmp_path / "b", steps=False)], tmp_path / "plots", ["grad_norm"])
+
+
+def test_json_lines_without_the_expected_fields_say_which_field(tmp_path):
+    run = fake_run(tmp_path / "a", epochs=1)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 20, "train_loss": 0.5}\n[1, 2]\n')
+    warnings = []
+    written = plot_runs([run], tmp_path / "plots", ["loss"], warn=warnings.append)
+    assert [p.name for p in written] == ["loss.png"]
+    assert warnings == [
+        f"warning: {run / 'metrics.jsonl'}: 2 lines (the first: line 2 has no 'epoch'); skipped"
+    ]
+    (run / "metrics.jsonl").write_text('{"a": 1}\n')
+    warnings.clear()
+    with pytest.raises(UsageError, match="holds no complete records"):
+        plot_runs([run], tmp_path / "plots", warn=warnings.append)
+    assert warnings == [f"warning: {run / 'metrics.jsonl'}: line 1 has no 'epoch'; skipped"]
