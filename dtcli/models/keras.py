@@ -1,0 +1,395 @@
+"""tf-keras models (a layer list, a recipe's `model.build` function or dtcli's transformer).
+
+Built in two phases so that the result does not depend on the mesh (see models/__init__.py):
+`describe` builds the model once on the host with plain, seeded variables, whose values become the
+initial weights; `build` makes it again under a LayoutMap and assigns those values, relaid out.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+from dtcli.errors import UsageError
+from dtcli.layout import UNSHARDED, WeightInfo, WeightPlan, replicated, to_layout
+from dtcli.models.base import Built, first_line, message_line, with_article
+from dtcli.recipe import ModelConfig
+
+# Attribute paths tf-keras' LayoutMap skips when mapping variables (src/dtensor/layout_map.py).
+_SKIP_ATTRS = (
+    "_self_tracked_trackables",
+    "_trainable_weights",
+    "_non_trainable_weights",
+    "_captured_weight_regularizer",
+)
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _numbers(value: Any) -> Any:
+    """YAML 1.1 reads 1e-5 as a string; layer arguments that look like numbers become floats."""
+    if isinstance(value, str) and _FLOAT.fullmatch(value):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
+def _layer_list(cfg: ModelConfig) -> list:
+    import tf_keras
+    from tf_keras.src.utils.generic_utils import to_snake_case
+
+    layers, counts = [], {}
+    for i, entry in enumerate(cfg.layers or []):
+        key = f"model.layers[{i}]"
+        if isinstance(entry, str):
+            name, args = entry, {}
+        elif isinstance(entry, dict) and len(entry) == 1:
+            name, args = next(iter(entry.items()))
+            args = args or {}
+        else:
+            raise UsageError(
+                f"recipe key '{key}': expected a layer name or {{LayerName: {{args}}}}"
+            )
+        if not isinstance(args, dict):
+            raise UsageError(f"recipe key '{key}.{name}': expected a mapping of layer arguments")
+        cls = getattr(tf_keras.layers, str(name), None)
+        if not (isinstance(cls, type) and issubclass(cls, tf_keras.layers.Layer)):
+            import difflib
+
+            known = [n for n in dir(tf_keras.layers) if n[:1].isupper()]
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"recipe key '{key}': unknown tf-keras layer {name!r}{hint}")
+        args = _numbers(dict(args))
+        # Names must not depend on how many layers this process made before (Keras' counters):
+        # they are the keys the layout rules match.
+        base = to_snake_case(name)
+        args.setdefault("name", f"{base}_{counts.get(base, 0)}")
+        counts[base] = counts.get(base, 0) + 1
+        try:
+            layers.append(cls(**args))
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"recipe key '{key}.{name}': {message_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - a layer's constructor may raise anything
+            raise UsageError(f"recipe key '{key}.{name}': {first_line(exc)}") from None
+    return layers
+
+
+def make_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The Keras model of the recipe: its `model.build` function's, dtcli's transformer, or the
+    layer list as a Sequential (recipe checks allow exactly one)."""
+    import tf_keras
+
+    tf_keras.backend.reset_uids()
+    # Dropout and other random layers need tf.random.Generator under DTensor.
+    tf_keras.backend.experimental.enable_tf_random_generator()
+    if cfg.build is not None:
+        return _user_model(cfg, input_shape, num_classes)
+    if cfg.transformer is not None:
+        from dtcli.models import transformer
+
+        return transformer.build(cfg.transformer, num_classes)
+    return _sequential(cfg, input_shape)
+
+
+def _sequential(cfg: ModelConfig, input_shape: tuple[int, ...]) -> Any:
+    import tf_keras
+
+    layers = _layer_list(cfg)
+    try:
+        return tf_keras.Sequential(
+            [tf_keras.Input(shape=input_shape, name="inputs"), *layers], name="model"
+        )
+    except Exception as exc:  # noqa: BLE001 - Keras raises many types for layers that do not fit
+        import tensorflow as tf
+
+        if isinstance(exc, tf.errors.OpError):
+            raise  # TensorFlow's runtime failed, not the recipe: reported as such, exit 1
+        why = message_line(exc) if isinstance(exc, (TypeError, ValueError)) else first_line(exc)
+        raise UsageError(
+            f"recipe key 'model.layers': the layers do not fit together ({why})"
+        ) from None
+
+
+def _user_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model the recipe's `model.build` function returns; it must be a tf_keras.Model."""
+    import tf_keras
+
+    model = _call_build(_load_build_fn(cfg), cfg, input_shape, num_classes)
+    if not isinstance(model, tf_keras.Model):
+        # Keras 3 (`import keras`) has no DTensor support on TensorFlow.
+        keras3 = type(model).__module__.split(".")[0] == "keras"
+        hint = " (a Keras 3 model: build it with tf_keras, or tf.keras)" if keras3 else ""
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
+            f"expected a tf_keras.Model{hint}"
+        )
+    return model
+
+
+def _load_build_fn(cfg: ModelConfig) -> Any:
+    """`model.build` ("module:function") imported, from beside the recipe or the cwd."""
+    module_name, fn_name = cfg.build.split(":")
+    for folder in (cfg.build_path, "."):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)  # user code beside the recipe, or in the cwd
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(
+            f"recipe key 'model.build': cannot load {cfg.build!r} ({message_line(exc)})"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything at import
+        raise UsageError(
+            f"recipe key 'model.build': cannot load {cfg.build!r} (importing {module_name} "
+            f"raised {first_line(exc)})"
+        ) from None
+    try:
+        fn = getattr(module, fn_name)
+    except AttributeError as exc:
+        raise UsageError(
+            f"recipe key 'model.build': cannot load {cfg.build!r} ({message_line(exc)})"
+        ) from None
+    if not callable(fn):
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} is {with_article(type(fn).__name__)}, "
+            "expected a function"
+        )
+    return fn
+
+
+def _call_build(fn: Any, cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """Call the recipe's build function: arguments it does not take name model.args, anything
+    it raises names model.build; one line either way."""
+    import inspect
+
+    args = (input_shape, num_classes)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and the like: no signature to check
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args, **cfg.args)
+        except TypeError as exc:
+            raise UsageError(
+                f"recipe key 'model.args': {cfg.build} rejected them ({message_line(exc)})"
+            ) from None
+    try:
+        return fn(*args, **cfg.args)
+    except TypeError as exc:
+        if signature is None:
+            raise UsageError(
+                f"recipe key 'model.args': {cfg.build} rejected them ({message_line(exc)})"
+            ) from None
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} raised {first_line(exc)}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} raised {first_line(exc)}"
+        ) from None
+
+
+def _is_layer_graph(model: Any) -> bool:
+    import tf_keras
+
+    return isinstance(model, tf_keras.Sequential) or getattr(model, "_is_graph_network", False)
+
+
+def keras_variables(model: Any) -> list[tuple[str, Any, str]]:
+    """(path, variable, owning layer class) with the keys tf-keras' LayoutMap uses."""
+    import tensorflow as tf
+
+    def walk(obj: Any, prefix: str) -> list[tuple[str, Any, str]]:
+        out = []
+        for path, var in obj._flatten(
+            predicate=lambda o: isinstance(o, tf.Variable), with_path=True
+        ):
+            if any(a in path for a in _SKIP_ATTRS):
+                continue
+            owner = obj
+            for part in path[:-1]:
+                owner = owner[part] if isinstance(part, int) else getattr(owner, part)
+            out.append((prefix + ".".join(str(p) for p in path), var, type(owner).__name__))
+        return out
+
+    if _is_layer_graph(model):
+        found = []
+        for layer in model.layers:
+            found += walk(layer, layer.name + ".")
+    else:
+        found = walk(model, "")
+    seen, unique = set(), []
+    for path, var, owner in found:
+        if id(var) not in seen:  # one variable reachable by two paths counts once
+            seen.add(id(var))
+            unique.append((path, var, owner))
+    return unique
+
+
+def _call_model(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
+    try:
+        return model(x, training=False)
+    except Exception as exc:  # noqa: BLE001 - a model's call may raise anything
+        raise UsageError(
+            f"recipe key 'model': calling the model on a batch of shape {(1, *input_shape)} "
+            f"failed ({first_line(exc)})"
+        ) from None
+
+
+def _ensure_built(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
+    """Call the model once if it has no weights yet; its output then, else None."""
+    if not model.built or not model.weights:
+        return _call_model(model, input_shape, x)
+    return None
+
+
+def check_output(output: Any, num_classes: int, input_shape: tuple[int, ...] = ()) -> None:
+    """The model must give (batch, num_classes) logits for a batch of one example; a language
+    model (`input_shape` (time,) of tokens) (batch, time, vocab) logits."""
+    shape = getattr(output, "shape", None)
+    if input_shape and shape is not None:
+        dims = tuple(None if d is None else int(d) for d in shape)
+        want = (1, input_shape[0], num_classes)
+        if dims != want:
+            raise UsageError(
+                f"recipe key 'model': a language model must give (batch, time, vocab) = {want} "
+                f"logits for a batch of 1 window of {input_shape[0]} tokens, got {dims}"
+            )
+        return
+    if shape is None:
+        raise UsageError(
+            f"recipe key 'model': the model returns {with_article(type(output).__name__)}, "
+            f"expected one (batch, {num_classes}) tensor of logits"
+        )
+    dims = tuple(None if d is None else int(d) for d in shape)
+    expected = f"expected (batch, {num_classes}) logits"
+    if len(dims) != 2 or dims[0] != 1:
+        hint = ""
+        if len(dims) > 2:
+            hint = " (an MLP fed unflattened images? set data.flatten: true or add a Flatten layer)"
+        raise UsageError(
+            f"recipe key 'model': the model's output has shape {dims} for a batch of 1 but the "
+            f"data has {num_classes} classes: {expected}{hint}"
+        )
+    if dims[1] != num_classes:
+        raise UsageError(
+            f"recipe key 'model': the model's last layer gives {dims[1]} outputs but the data "
+            f"has {num_classes} classes: {expected} (give the last layer {num_classes} units)"
+        )
+
+
+def describe(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int,
+    task: str = "classify",
+) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
+    """Build the model once on the host: its weights and (seeded) initial values.
+
+    The model is called once on zeros, so a model that does not fit the data (its output is not
+    (batch, num_classes) logits) is refused here, before anything trains."""
+    import tensorflow as tf
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(seed)
+    with tf.device("/CPU:0"):
+        model = make_model(cfg, input_shape, num_classes)
+        x = tf.zeros((1, *input_shape))
+        output = _ensure_built(model, input_shape, x)
+        if output is None:
+            output = _call_model(model, input_shape, x)
+    check_output(output, num_classes, input_shape if task == "language_model" else ())
+    infos, values = [], {}
+    for path, var, owner in keras_variables(model):
+        shape = tuple(var.shape)
+        if 0 in shape:  # a layer of 0 units: it would train, and then fail to save
+            key = "model.build" if cfg.build else "model.layers"
+            raise UsageError(
+                f"recipe key '{key}': weight '{path}' has shape {list(shape)}, with a dim of "
+                "size 0 (a layer with 0 units or filters?)"
+            )
+        infos.append(WeightInfo(path, shape, owner, var.trainable))
+        values[path] = var.numpy()
+    return infos, values
+
+
+def build(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    mesh: Any,
+    plans: list[WeightPlan],
+    initial: dict[str, np.ndarray],
+    seed: int,
+) -> Built:
+    import tensorflow as tf
+    import tf_keras
+    from tensorflow.experimental import dtensor
+
+    layout_map = tf_keras.dtensor.experimental.LayoutMap(mesh=mesh)
+    for plan in plans:
+        # Exact paths: LayoutMap tries an exact key before regexes, so the map is the plan.
+        layout_map[plan.weight.path] = to_layout(plan.spec, mesh)
+    tf_keras.utils.set_random_seed(seed)
+    with layout_map.scope():
+        model = make_model(cfg, input_shape, num_classes)
+    x = dtensor.copy_to_mesh(tf.zeros((1, *input_shape)), replicated(mesh, 1 + len(input_shape)))
+    _ensure_built(model, input_shape, x)
+    variables = keras_variables(model)
+    if [p for p, _, _ in variables] != [p.weight.path for p in plans]:
+        raise RuntimeError("the model built on the mesh has other weights than the host model")
+    for path, var, _ in variables:
+        var.assign(_on_layout(initial[path], var.layout, mesh))
+
+    def regularization() -> Any:
+        return tf.add_n(model.losses) if model.losses else None
+
+    return Built(
+        module=model,
+        forward=lambda x, training: model(x, training=training),
+        regularization=regularization if model.losses else None,
+        trainable_variables=list(model.trainable_variables),
+        weights=[p.weight for p in plans],
+        variables={path: var for path, var, _ in variables},
+        api="keras",
+        needs_autograph=cfg.build is not None,  # (the transformer is dtcli's: no branches)
+    )
+
+
+def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model with plain variables on one device (no mesh): for export."""
+    import tensorflow as tf
+
+    model = make_model(cfg, input_shape, num_classes)
+    _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
+    return model
+
+
+def _on_layout(value: Any, layout: Any, mesh: Any) -> Any:
+    """A host value (the same on every mesh) as a DTensor with `layout`: each local device's
+    shard cut on the host and packed (no relayout, which DTensor compiles per shape and layout:
+    measured ~0.1 s of the quick start's start-up for its four weights)."""
+    from tensorflow.experimental import dtensor
+
+    value = np.asarray(value)
+    shards = []
+    for location in mesh.local_device_locations():
+        index = []
+        for dim, axis in enumerate(layout.sharding_specs):
+            if axis == UNSHARDED:
+                index.append(slice(None))
+            else:
+                size = value.shape[dim] // mesh.dim_size(axis)
+                index.append(slice(location[axis] * size, (location[axis] + 1) * size))
+        shards.append(value[tuple(index)])
+    return dtensor.pack(shards, layout)
