@@ -193,4 +193,5 @@ class CoreOptimizer:
 
 
 def make(api: str, cfg: OptimizerConfig, mesh: Any) -> KerasOptimizer | CoreOptimizer:
+    """The optimizer for a model of kind `api` (models.Built.api: "keras" or "core")."""
     return KerasOptimizer(cfg, mesh) if api == "keras" else CoreOptimizer(cfg, mesh)
