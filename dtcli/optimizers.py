@@ -37,6 +37,23 @@ def learning_rate_at(cfg: OptimizerConfig, step: Any, total_steps: int) -> Any:
     return rate
 
 
+# The optimizer state each kind keeps per trainable weight, each a copy of the weight with its
+# layout. SGD with and without momentum keep different slots (a resume may not switch).
+_SLOTS = {"sgd": ("momentum",), "adam": ("m", "v"), "adamw": ("m", "v")}
+
+
+def slot_names(cfg: OptimizerConfig) -> tuple[str, ...]:
+    """The optimizer's slots per trainable weight (Core keys them `v{i}_{name}`)."""
+    if cfg.name == "sgd" and not cfg.momentum:
+        return ()
+    return _SLOTS[cfg.name]
+
+
+def slots(cfg: OptimizerConfig) -> int:
+    """Optimizer state per trainable weight, in copies of the weight (same layout as it)."""
+    return len(slot_names(cfg))
+
+
 def decayed(cfg: OptimizerConfig, path: str) -> bool:
     """Whether AdamW decays the weight at `path` (optimizer.no_decay names those it skips)."""
     return cfg.name == "adamw" and not (cfg.no_decay and re.search(cfg.no_decay, path))
@@ -126,11 +143,7 @@ class CoreOptimizer:
 
     def build(self, variables: list, no_decay: list) -> None:
         self.no_decay = {id(v) for v in no_decay}
-        names = {
-            "sgd": ["momentum"] if self.cfg.momentum else [],
-            "adam": ["m", "v"],
-            "adamw": ["m", "v"],
-        }[self.cfg.name]
+        names = slot_names(self.cfg)
         import tensorflow as tf
         from tensorflow.experimental import dtensor
 
@@ -180,4 +193,5 @@ class CoreOptimizer:
 
 
 def make(api: str, cfg: OptimizerConfig, mesh: Any) -> KerasOptimizer | CoreOptimizer:
+    """The optimizer for a model of kind `api` (models.Built.api: "keras" or "core")."""
     return KerasOptimizer(cfg, mesh) if api == "keras" else CoreOptimizer(cfg, mesh)

@@ -13,17 +13,11 @@ from typing import Any
 
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
+from dtcli import optimizers
 from dtcli.mesh import UNSHARDED
-from dtcli.recipe import OptimizerConfig, Recipe
+from dtcli.recipe import Recipe
 
 FLOAT32 = 4  # bytes: dtcli trains in float32
-
-
-def slots_per_weight(cfg: OptimizerConfig) -> int:
-    """Optimizer state per trainable weight, in copies of the weight (same layout as it)."""
-    if cfg.name == "sgd":
-        return 1 if cfg.momentum else 0
-    return 2  # adam, adamw: first and second moments
 
 
 @dataclass(frozen=True)
@@ -169,7 +163,7 @@ def make_report(recipe: Recipe) -> Report:
         data_axis,
         plans,
         recipe.layouts.rules,
-        slots_per_weight(recipe.optimizer),
+        optimizers.slots(recipe.optimizer),
         recipe.data.batch_size,
         input_shape,
         num_classes,
@@ -186,6 +180,27 @@ def _size(n: int) -> str:
 
 
 def render(report: Report, console: Any) -> None:
+    """The plan as tables: every weight, memory per device, a language model's parts, the batch,
+    then the layout warnings."""
+    from rich.markup import escape
+
+    console.print(_weights_table(report))
+    console.print(_memory_table(report))
+    if report.transformer is not None:
+        console.print(_language_model_table(report))
+    b = report.batch()
+    console.print(
+        f"batch: global {_shape(b['global_shape'])} sharded along '{report.data_axis}' -> "
+        f"{_shape(b['per_device_shape'])} per device ({_size(b['input_bytes_per_device'])}); "
+        f"logits {_shape(b['logits_per_device_shape'])} per device",
+        highlight=False,
+    )
+    axes = report.axes
+    for warning in layout_lib.layout_warnings(report.rules, report.plans, axes, report.data_axis):
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def _weights_table(report: Report) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
@@ -216,7 +231,11 @@ def render(report: Report, console: Any) -> None:
             _shape(p.shard_shape(axes)),
             f"{p.bytes_per_device(axes, FLOAT32):,}",
         )
-    console.print(table)
+    return table
+
+
+def _memory_table(report: Report) -> Any:
+    from rich.table import Table
 
     totals = report.totals()
     summary = Table(title="memory per device (float32)", title_justify="left")
@@ -231,31 +250,26 @@ def render(report: Report, console: Any) -> None:
         row = totals[key]
         ratio = row["per_device"] / row["replicated"] if row["replicated"] else 1.0
         summary.add_row(label, _size(row["per_device"]), _size(row["replicated"]), f"{ratio:.3f}")
-    console.print(summary)
-    if report.transformer is not None:
-        parts = report.parts()
-        act = report.activations()
-        lm = Table(title="language model per device (float32)", title_justify="left")
-        for col in ("", "bytes"):
-            lm.add_column(col, justify="right" if col else "left")
-        for key, value in parts.items():
-            lm.add_row(f"parameters: {key.replace('_', ' ')}", _size(value))
-        lm.add_row(
-            f"activations, estimate ({report.transformer.layers} blocks, "
-            f"{act['heads_per_device']} heads per device)",
-            _size(act["blocks"]),
-        )
-        lm.add_row("logits and their gradient", _size(act["logits"]))
-        console.print(lm)
-    b = report.batch()
-    console.print(
-        f"batch: global {_shape(b['global_shape'])} sharded along '{report.data_axis}' -> "
-        f"{_shape(b['per_device_shape'])} per device ({_size(b['input_bytes_per_device'])}); "
-        f"logits {_shape(b['logits_per_device_shape'])} per device",
-        highlight=False,
+    return summary
+
+
+def _language_model_table(report: Report) -> Any:
+    from rich.table import Table
+
+    parts = report.parts()
+    act = report.activations()
+    lm = Table(title="language model per device (float32)", title_justify="left")
+    for col in ("", "bytes"):
+        lm.add_column(col, justify="right" if col else "left")
+    for key, value in parts.items():
+        lm.add_row(f"parameters: {key.replace('_', ' ')}", _size(value))
+    lm.add_row(
+        f"activations, estimate ({report.transformer.layers} blocks, "
+        f"{act['heads_per_device']} heads per device)",
+        _size(act["blocks"]),
     )
-    for warning in layout_lib.layout_warnings(report.rules, report.plans, axes, report.data_axis):
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    lm.add_row("logits and their gradient", _size(act["logits"]))
+    return lm
 
 
 def _shape(shape: Any) -> str:

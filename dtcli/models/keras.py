@@ -1,12 +1,8 @@
-"""Models: tf-keras (layer list or build function) and Core-API MLPs, built on a mesh.
+"""tf-keras models (a layer list, a recipe's `model.build` function or dtcli's transformer).
 
-Both kinds are built in two phases so that the result does not depend on the mesh:
-1. `describe_*` lists every weight (path, shape, owning layer) without devices. For Keras this
-   builds the model once with plain variables on the host, seeded; those values become the initial
-   weights. For the Core MLP the shapes are arithmetic.
-2. `build_*` creates DVariables with the planned layouts and assigns the host/replicated initial
-   values, relaid out onto each weight's layout. DTensor's sharded random ops give different
-   numbers on different mesh shapes; this way every mesh starts from the same weights.
+Built in two phases so that the result does not depend on the mesh (see models/__init__.py):
+`describe` builds the model once on the host with plain, seeded variables, whose values become the
+initial weights; `build` makes it again under a LayoutMap and assigns those values, relaid out.
 """
 
 from __future__ import annotations
@@ -14,14 +10,14 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dtcli.errors import UsageError
-from dtcli.layout import UNSHARDED, WeightInfo, WeightPlan, plan_weights, replicated, to_layout
-from dtcli.recipe import ModelConfig, Recipe
+from dtcli.layout import UNSHARDED, WeightInfo, WeightPlan, replicated, to_layout
+from dtcli.models.base import Built, first_line, message_line, with_article
+from dtcli.recipe import ModelConfig
 
 # Attribute paths tf-keras' LayoutMap skips when mapping variables (src/dtensor/layout_map.py).
 _SKIP_ATTRS = (
@@ -32,54 +28,6 @@ _SKIP_ATTRS = (
 )
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-@dataclass
-class Built:
-    """A model on the mesh, seen the same way whatever its API."""
-
-    module: Any  # the tf_keras.Model or tf.Module, tracked by checkpoints
-    forward: Any  # (x, training) -> logits
-    regularization: Any  # () -> scalar tensor, or None when the model has none
-    trainable_variables: list
-    weights: list[WeightInfo]
-    variables: dict[str, Any]  # every weight by its path (the keys the layout rules match)
-    # A user's own model (`model.build`) may branch on tensors in Python, which only AutoGraph
-    # turns into graph ops; dtcli's own layers never do.
-    needs_autograph: bool = False
-
-
-_KERAS_CALL = re.compile(r"Exception encountered when calling layer ['\"]([^'\"]*)['\"]")
-
-
-def _message_line(exc: BaseException) -> str:
-    """The first line of an exception's message (the type's name when it has none).
-
-    Keras wraps errors raised in a layer's call as "Exception encountered when calling layer 'x'
-    ...", the cause on a later line: that line is kept, with the layer's name."""
-    text = str(exc)
-    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
-        text = exc.args[0]  # str(KeyError) is the repr of its message
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    where = ""
-    wrapped = _KERAS_CALL.match(lines[0]) if lines else None
-    if wrapped and len(lines) > 1:
-        where = f" (in layer '{wrapped.group(1)}')"
-        lines = lines[1:]
-    return f"{lines[0]}{where}" if lines else type(exc).__name__
-
-
-def _a(noun: str) -> str:
-    """'a dict', 'an int'."""
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
-
-
-def _first_line(exc: BaseException) -> str:
-    """`TypeName: first line of the message`, for one-line errors."""
-    return f"{type(exc).__name__}: {_message_line(exc)}"
-
-
-# --------------------------------------------------------------------------- keras
 
 
 def _numbers(value: Any) -> Any:
@@ -93,7 +41,7 @@ def _numbers(value: Any) -> Any:
     return value
 
 
-def _keras_layers(cfg: ModelConfig) -> list:
+def _layer_list(cfg: ModelConfig) -> list:
     import tf_keras
     from tf_keras.src.utils.generic_utils import to_snake_case
 
@@ -128,60 +76,33 @@ def _keras_layers(cfg: ModelConfig) -> list:
         try:
             layers.append(cls(**args))
         except (TypeError, ValueError) as exc:
-            raise UsageError(f"recipe key '{key}.{name}': {_message_line(exc)}") from None
+            raise UsageError(f"recipe key '{key}.{name}': {message_line(exc)}") from None
         except Exception as exc:  # noqa: BLE001 - a layer's constructor may raise anything
-            raise UsageError(f"recipe key '{key}.{name}': {_first_line(exc)}") from None
+            raise UsageError(f"recipe key '{key}.{name}': {first_line(exc)}") from None
     return layers
 
 
-def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+def make_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The Keras model of the recipe: its `model.build` function's, dtcli's transformer, or the
+    layer list as a Sequential (recipe checks allow exactly one)."""
     import tf_keras
 
     tf_keras.backend.reset_uids()
     # Dropout and other random layers need tf.random.Generator under DTensor.
     tf_keras.backend.experimental.enable_tf_random_generator()
     if cfg.build is not None:
-        module_name, fn_name = cfg.build.split(":")
-        for folder in (cfg.build_path, "."):
-            if folder and folder not in sys.path:
-                sys.path.insert(0, folder)  # user code beside the recipe, or in the cwd
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UsageError(
-                f"recipe key 'model.build': cannot load {cfg.build!r} ({_message_line(exc)})"
-            ) from None
-        except Exception as exc:  # noqa: BLE001 - user code may raise anything at import
-            raise UsageError(
-                f"recipe key 'model.build': cannot load {cfg.build!r} (importing {module_name} "
-                f"raised {_first_line(exc)})"
-            ) from None
-        try:
-            fn = getattr(module, fn_name)
-        except AttributeError as exc:
-            raise UsageError(
-                f"recipe key 'model.build': cannot load {cfg.build!r} ({_message_line(exc)})"
-            ) from None
-        if not callable(fn):
-            raise UsageError(
-                f"recipe key 'model.build': {cfg.build} is {_a(type(fn).__name__)}, "
-                "expected a function"
-            )
-        model = _call_build(fn, cfg, input_shape, num_classes)
-        if not isinstance(model, tf_keras.Model):
-            # Keras 3 (`import keras`) has no DTensor support on TensorFlow.
-            keras3 = type(model).__module__.split(".")[0] == "keras"
-            hint = " (a Keras 3 model: build it with tf_keras, or tf.keras)" if keras3 else ""
-            raise UsageError(
-                f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
-                f"expected a tf_keras.Model{hint}"
-            )
-        return model
+        return _user_model(cfg, input_shape, num_classes)
     if cfg.transformer is not None:
-        from dtcli import transformer
+        from dtcli.models import transformer
 
         return transformer.build(cfg.transformer, num_classes)
-    layers = _keras_layers(cfg)
+    return _sequential(cfg, input_shape)
+
+
+def _sequential(cfg: ModelConfig, input_shape: tuple[int, ...]) -> Any:
+    import tf_keras
+
+    layers = _layer_list(cfg)
     try:
         return tf_keras.Sequential(
             [tf_keras.Input(shape=input_shape, name="inputs"), *layers], name="model"
@@ -191,10 +112,57 @@ def _keras_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: in
 
         if isinstance(exc, tf.errors.OpError):
             raise  # TensorFlow's runtime failed, not the recipe: reported as such, exit 1
-        why = _message_line(exc) if isinstance(exc, (TypeError, ValueError)) else _first_line(exc)
+        why = message_line(exc) if isinstance(exc, (TypeError, ValueError)) else first_line(exc)
         raise UsageError(
             f"recipe key 'model.layers': the layers do not fit together ({why})"
         ) from None
+
+
+def _user_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model the recipe's `model.build` function returns; it must be a tf_keras.Model."""
+    import tf_keras
+
+    model = _call_build(_load_build_fn(cfg), cfg, input_shape, num_classes)
+    if not isinstance(model, tf_keras.Model):
+        # Keras 3 (`import keras`) has no DTensor support on TensorFlow.
+        keras3 = type(model).__module__.split(".")[0] == "keras"
+        hint = " (a Keras 3 model: build it with tf_keras, or tf.keras)" if keras3 else ""
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} returned {type(model).__name__}, "
+            f"expected a tf_keras.Model{hint}"
+        )
+    return model
+
+
+def _load_build_fn(cfg: ModelConfig) -> Any:
+    """`model.build` ("module:function") imported, from beside the recipe or the cwd."""
+    module_name, fn_name = cfg.build.split(":")
+    for folder in (cfg.build_path, "."):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)  # user code beside the recipe, or in the cwd
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(
+            f"recipe key 'model.build': cannot load {cfg.build!r} ({message_line(exc)})"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything at import
+        raise UsageError(
+            f"recipe key 'model.build': cannot load {cfg.build!r} (importing {module_name} "
+            f"raised {first_line(exc)})"
+        ) from None
+    try:
+        fn = getattr(module, fn_name)
+    except AttributeError as exc:
+        raise UsageError(
+            f"recipe key 'model.build': cannot load {cfg.build!r} ({message_line(exc)})"
+        ) from None
+    if not callable(fn):
+        raise UsageError(
+            f"recipe key 'model.build': {cfg.build} is {with_article(type(fn).__name__)}, "
+            "expected a function"
+        )
+    return fn
 
 
 def _call_build(fn: Any, cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
@@ -212,21 +180,21 @@ def _call_build(fn: Any, cfg: ModelConfig, input_shape: tuple[int, ...], num_cla
             signature.bind(*args, **cfg.args)
         except TypeError as exc:
             raise UsageError(
-                f"recipe key 'model.args': {cfg.build} rejected them ({_message_line(exc)})"
+                f"recipe key 'model.args': {cfg.build} rejected them ({message_line(exc)})"
             ) from None
     try:
         return fn(*args, **cfg.args)
     except TypeError as exc:
         if signature is None:
             raise UsageError(
-                f"recipe key 'model.args': {cfg.build} rejected them ({_message_line(exc)})"
+                f"recipe key 'model.args': {cfg.build} rejected them ({message_line(exc)})"
             ) from None
         raise UsageError(
-            f"recipe key 'model.build': {cfg.build} raised {_first_line(exc)}"
+            f"recipe key 'model.build': {cfg.build} raised {first_line(exc)}"
         ) from None
     except Exception as exc:  # noqa: BLE001 - user code may raise anything
         raise UsageError(
-            f"recipe key 'model.build': {cfg.build} raised {_first_line(exc)}"
+            f"recipe key 'model.build': {cfg.build} raised {first_line(exc)}"
         ) from None
 
 
@@ -236,7 +204,7 @@ def _is_layer_graph(model: Any) -> bool:
     return isinstance(model, tf_keras.Sequential) or getattr(model, "_is_graph_network", False)
 
 
-def _keras_variables(model: Any) -> list[tuple[str, Any, str]]:
+def keras_variables(model: Any) -> list[tuple[str, Any, str]]:
     """(path, variable, owning layer class) with the keys tf-keras' LayoutMap uses."""
     import tensorflow as tf
 
@@ -273,7 +241,7 @@ def _call_model(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - a model's call may raise anything
         raise UsageError(
             f"recipe key 'model': calling the model on a batch of shape {(1, *input_shape)} "
-            f"failed ({_first_line(exc)})"
+            f"failed ({first_line(exc)})"
         ) from None
 
 
@@ -299,8 +267,8 @@ def check_output(output: Any, num_classes: int, input_shape: tuple[int, ...] = (
         return
     if shape is None:
         raise UsageError(
-            f"recipe key 'model': the model returns {_a(type(output).__name__)}, expected one "
-            f"(batch, {num_classes}) tensor of logits"
+            f"recipe key 'model': the model returns {with_article(type(output).__name__)}, "
+            f"expected one (batch, {num_classes}) tensor of logits"
         )
     dims = tuple(None if d is None else int(d) for d in shape)
     expected = f"expected (batch, {num_classes}) logits"
@@ -319,7 +287,7 @@ def check_output(output: Any, num_classes: int, input_shape: tuple[int, ...] = (
         )
 
 
-def describe_keras(
+def describe(
     cfg: ModelConfig,
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -335,14 +303,14 @@ def describe_keras(
 
     tf_keras.utils.set_random_seed(seed)
     with tf.device("/CPU:0"):
-        model = _keras_model(cfg, input_shape, num_classes)
+        model = make_model(cfg, input_shape, num_classes)
         x = tf.zeros((1, *input_shape))
         output = _ensure_built(model, input_shape, x)
         if output is None:
             output = _call_model(model, input_shape, x)
     check_output(output, num_classes, input_shape if task == "language_model" else ())
     infos, values = [], {}
-    for path, var, owner in _keras_variables(model):
+    for path, var, owner in keras_variables(model):
         shape = tuple(var.shape)
         if 0 in shape:  # a layer of 0 units: it would train, and then fail to save
             key = "model.build" if cfg.build else "model.layers"
@@ -355,7 +323,7 @@ def describe_keras(
     return infos, values
 
 
-def build_keras(
+def build(
     cfg: ModelConfig,
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -374,10 +342,10 @@ def build_keras(
         layout_map[plan.weight.path] = to_layout(plan.spec, mesh)
     tf_keras.utils.set_random_seed(seed)
     with layout_map.scope():
-        model = _keras_model(cfg, input_shape, num_classes)
+        model = make_model(cfg, input_shape, num_classes)
     x = dtensor.copy_to_mesh(tf.zeros((1, *input_shape)), replicated(mesh, 1 + len(input_shape)))
     _ensure_built(model, input_shape, x)
-    variables = _keras_variables(model)
+    variables = keras_variables(model)
     if [p for p, _, _ in variables] != [p.weight.path for p in plans]:
         raise RuntimeError("the model built on the mesh has other weights than the host model")
     for path, var, _ in variables:
@@ -393,8 +361,18 @@ def build_keras(
         trainable_variables=list(model.trainable_variables),
         weights=[p.weight for p in plans],
         variables={path: var for path, var, _ in variables},
+        api="keras",
         needs_autograph=cfg.build is not None,  # (the transformer is dtcli's: no branches)
     )
+
+
+def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model with plain variables on one device (no mesh): for export."""
+    import tensorflow as tf
+
+    model = make_model(cfg, input_shape, num_classes)
+    _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
+    return model
 
 
 def _on_layout(value: Any, layout: Any, mesh: Any) -> Any:
@@ -415,140 +393,3 @@ def _on_layout(value: Any, layout: Any, mesh: Any) -> Any:
                 index.append(slice(location[axis] * size, (location[axis] + 1) * size))
         shards.append(value[tuple(index)])
     return dtensor.pack(shards, layout)
-
-
-# --------------------------------------------------------------------------- core API
-
-
-def describe_core(
-    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
-) -> list[WeightInfo]:
-    if len(input_shape) != 1:
-        raise UsageError(
-            f"recipe key 'model.api': the core MLP takes flat inputs, got examples of shape "
-            f"{list(input_shape)} (set data.flatten: true)"
-        )
-    widths = [input_shape[0], *cfg.hidden, num_classes]
-    infos = []
-    for i, (n_in, n_out) in enumerate(zip(widths, widths[1:])):
-        infos.append(WeightInfo(f"dense_{i}.kernel", (n_in, n_out), "Dense"))
-        infos.append(WeightInfo(f"dense_{i}.bias", (n_out,), "Dense"))
-    return infos
-
-
-def _core_module(cfg: ModelConfig, variables: dict[str, Any]) -> Any:
-    """The Core MLP as a tf.Module over given variables (DVariables on a mesh, or plain ones).
-
-    Its tracked structure (layers/N/kernel, layers/N/bias) is the same either way, so a checkpoint
-    written on a mesh restores into the plain module (export) and vice versa.
-    """
-    import tensorflow as tf
-
-    activation = {
-        "relu": tf.nn.relu,
-        "tanh": tf.nn.tanh,
-        "sigmoid": tf.nn.sigmoid,
-        "gelu": tf.nn.gelu,
-    }[cfg.activation]
-
-    class Dense(tf.Module):
-        def __init__(self, index: int):
-            super().__init__(name=f"dense_{index}")
-            self.kernel = variables[f"dense_{index}.kernel"]
-            self.bias = variables[f"dense_{index}.bias"]
-
-        def __call__(self, x: Any) -> Any:
-            return tf.matmul(x, self.kernel) + self.bias
-
-    class MLP(tf.Module):
-        def __init__(self):
-            super().__init__(name="mlp")
-            self.layers = [Dense(i) for i in range(len(cfg.hidden) + 1)]
-
-        def __call__(self, x: Any, training: bool = False) -> Any:
-            for layer in self.layers[:-1]:
-                x = activation(layer(x))
-            return self.layers[-1](x)
-
-    return MLP()
-
-
-def build_core(
-    cfg: ModelConfig,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    mesh: Any,
-    plans: list[WeightPlan],
-    seed: int,
-) -> Built:
-    import tensorflow as tf
-    from tensorflow.experimental import dtensor
-
-    variables = {}
-    for plan in plans:
-        path, shape = plan.weight.path, plan.weight.shape
-        layout = to_layout(plan.spec, mesh)
-        if path.endswith(".kernel"):
-            index = int(path.split(".")[0].split("_")[1])
-            limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))  # Glorot uniform, as seed 000
-            # Drawn on a replicated layout (identical on every mesh), then relaid out.
-            value = dtensor.call_with_layout(
-                tf.random.stateless_uniform,
-                replicated(mesh, 2),
-                shape=shape,
-                seed=(seed, index),
-                minval=-limit,
-                maxval=limit,
-            )
-            value = dtensor.relayout(value, layout)
-        else:
-            value = dtensor.call_with_layout(tf.zeros, layout, shape=shape)
-        variables[path] = dtensor.DVariable(value, name=path.split(".")[1])
-    mlp = _core_module(cfg, variables)
-    return Built(
-        module=mlp,
-        forward=lambda x, training: mlp(x, training=training),
-        regularization=None,
-        trainable_variables=[variables[p.weight.path] for p in plans],
-        weights=[p.weight for p in plans],
-        variables=variables,
-    )
-
-
-def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
-    """The model with plain variables on one device (no mesh): for export."""
-    import tensorflow as tf
-
-    if cfg.api == "keras":
-        model = _keras_model(cfg, input_shape, num_classes)
-        _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
-        return model
-    variables = {
-        w.path: tf.Variable(tf.zeros(w.shape), name=w.path.split(".")[1])
-        for w in describe_core(cfg, input_shape, num_classes)
-    }
-    return _core_module(cfg, variables)
-
-
-def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
-    """Every weight gathered to the host as one numpy array, keyed by its path."""
-    from tensorflow.experimental import dtensor
-
-    values = {}
-    for path, var in built.variables.items():
-        full = dtensor.relayout(var.read_value(), replicated(mesh, len(var.shape)))
-        values[path] = dtensor.unpack(full)[0].numpy()
-    return values
-
-
-def weight_plans(
-    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
-) -> tuple[list[WeightPlan], dict]:
-    """Weights of the model and where each lives; Keras initial values come with them."""
-    if recipe.model.api == "keras":
-        weights, initial = describe_keras(
-            recipe.model, input_shape, num_classes, recipe.seed, recipe.task
-        )
-    else:
-        weights, initial = describe_core(recipe.model, input_shape, num_classes), {}
-    return plan_weights(recipe.layouts.rules, weights, axes), initial

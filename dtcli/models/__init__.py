@@ -1,0 +1,92 @@
+"""Models: tf-keras (layer list, `model.build` function or dtcli's transformer) and Core-API MLPs,
+built on a mesh.
+
+Both kinds are built in two phases so that the result does not depend on the mesh:
+1. `describe` lists every weight (path, shape, owning layer) without devices. For Keras this
+   builds the model once with plain variables on the host, seeded; those values become the initial
+   weights. For the Core MLP the shapes are arithmetic.
+2. `build` creates DVariables with the planned layouts and assigns the host/replicated initial
+   values, relaid out onto each weight's layout. DTensor's sharded random ops give different
+   numbers on different mesh shapes; this way every mesh starts from the same weights.
+
+`model.api` is read in one place, `_kind`: keras.py makes every Keras model (and there chooses
+between the layer list, `model.build` and the transformer), core.py the MLP. Neither module, nor
+transformer.py, imports TensorFlow at import time (gpt_layers.py does, and only transformer.build
+imports it), so `dtcli plan` and `dtcli config` stay free of it until a model is built.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from dtcli.layout import WeightPlan, plan_weights, replicated
+from dtcli.models import core, keras, transformer
+from dtcli.models.base import Built
+from dtcli.models.keras import check_output
+from dtcli.recipe import ModelConfig, Recipe
+
+__all__ = [
+    "Built",
+    "build",
+    "build_plain",
+    "check_output",
+    "describe_core",
+    "describe_keras",
+    "host_weights",
+    "transformer",
+    "weight_plans",
+]
+
+describe_keras = keras.describe
+describe_core = core.weights
+# r23-merge: bench/lm_throughput.py uses the old private name; make it models.keras.keras_variables.
+_keras_variables = keras.keras_variables
+
+
+def _kind(cfg: ModelConfig) -> ModuleType:
+    """The module that describes and builds this recipe's model (both give the same functions)."""
+    return keras if cfg.api == "keras" else core
+
+
+def weight_plans(
+    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
+) -> tuple[list[WeightPlan], dict]:
+    """Weights of the model and where each lives; Keras initial values come with them."""
+    weights, initial = _kind(recipe.model).describe(
+        recipe.model, input_shape, num_classes, recipe.seed, recipe.task
+    )
+    return plan_weights(recipe.layouts.rules, weights, axes), initial
+
+
+def build(
+    recipe: Recipe,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    mesh: Any,
+    plans: list[WeightPlan],
+    initial: dict[str, np.ndarray],
+) -> Built:
+    """The recipe's model on `mesh`, its weights laid out as `plans` (from `weight_plans`) and
+    starting from `initial` (Keras) or the seed (Core)."""
+    return _kind(recipe.model).build(
+        recipe.model, input_shape, num_classes, mesh, plans, initial, recipe.seed
+    )
+
+
+def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model with plain variables on one device (no mesh): for export."""
+    return _kind(cfg).plain(cfg, input_shape, num_classes)
+
+
+def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
+    """Every weight gathered to the host as one numpy array, keyed by its path."""
+    from tensorflow.experimental import dtensor
+
+    values = {}
+    for path, var in built.variables.items():
+        full = dtensor.relayout(var.read_value(), replicated(mesh, len(var.shape)))
+        values[path] = dtensor.unpack(full)[0].numpy()
+    return values

@@ -1,0 +1,83 @@
+"""dtcli's built-in language model: a decoder-only GPT as a tf-keras model (`model.transformer`).
+
+Its layers are in gpt_layers.py; this module is their assembly and the arithmetic (parameters,
+FLOPs), which needs no TensorFlow.
+
+Token and learned position embeddings, `layers` pre-LayerNorm blocks of causal self-attention
+and a GELU MLP, a final LayerNorm and an output head (by default the token embedding's
+transpose, as in GPT-2 and nanoGPT). Initial weights follow nanoGPT: normal(0, 0.02), the
+residual projections scaled by 1/sqrt(2 * layers).
+
+The weight paths are stable, so layout rules can target them (`block_i`: i from 0):
+
+    token_embedding.embeddings          [vocab, d_model]
+    position_embedding.embeddings       [context, d_model]
+    block_i.ln_1.gamma  (.beta)        [d_model]
+    block_i.attention.query.kernel     [d_model, heads, head_dim]   (also key, value)
+    block_i.attention.query.bias       [heads, head_dim]            (with bias: true)
+    block_i.attention.proj.kernel      [heads, head_dim, d_model]
+    block_i.attention.proj.bias        [d_model]
+    block_i.ln_2.gamma  (.beta)        [d_model]
+    block_i.mlp.fc.kernel  (.bias)     [d_model, mlp_ratio * d_model]
+    block_i.mlp.proj.kernel  (.bias)   [mlp_ratio * d_model, d_model]
+    ln_f.gamma  (.beta)                 [d_model]
+    head.kernel                         [d_model, vocab]   (tie_embeddings: false)
+
+Tensor parallel (Megatron): shard the attention heads (dim 1 of query/key/value, dim 0 of
+attention.proj) and the MLP's hidden dim (dim 1 of fc, dim 0 of proj) on one mesh axis; each
+block then all-reduces twice per pass. Heads are an explicit dim of the attention kernels, so a
+head is never split across devices: the head count must divide by that axis (checked with the
+layouts).
+The token embedding is looked up by gathering from its value, which works with the table
+sharded on either dim (a resource gather refuses a vocab-sharded table).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtcli.recipe import TransformerConfig
+
+
+def build(cfg: TransformerConfig, vocab: int) -> Any:
+    """The GPT as a Functional tf_keras.Model: int tokens [batch, context] -> logits
+    [batch, context, vocab]."""
+    import tf_keras
+
+    # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
+    from dtcli.models import gpt_layers as g
+
+    token_embedding = g.Embedding(cfg, vocab, "token_embedding")
+    ids = tf_keras.Input((cfg.context,), dtype="int32", name="tokens")
+    x = g.PositionEmbedding(cfg, name="position_embedding")(token_embedding(ids))
+    x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
+    for i in range(cfg.layers):
+        x = g.Block(cfg, f"block_{i}")(x)
+    x = g.layer_norm(cfg, "ln_f")(x)
+    if cfg.tie_embeddings:
+        logits = g.TiedHead(token_embedding, name="head")(x)
+    else:
+        logits = tf_keras.layers.Dense(
+            vocab, use_bias=False, kernel_initializer=g.normal(g.STD), name="head"
+        )(x)
+    return tf_keras.Model(ids, logits, name="gpt")
+
+
+def parameters(cfg: TransformerConfig, vocab: int) -> int:
+    """Trainable parameters (arithmetic, no TensorFlow)."""
+    d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    per_block = 4 * d * d + 2 * d * hidden + 2 * d * (2 if cfg.bias else 1)
+    if cfg.bias:
+        per_block += 4 * d + hidden + d
+    total = vocab * d + cfg.context * d + cfg.layers * per_block + d * (2 if cfg.bias else 1)
+    if not cfg.tie_embeddings:
+        total += d * vocab
+    return total
+
+
+def flops_per_token(cfg: TransformerConfig, vocab: int, context: int) -> float:
+    """Training FLOPs per token: 6 per weight of the matmuls (forward 2, backward 4) plus the
+    attention scores and weighted sums over `context` positions (PaLM's appendix B estimate,
+    as nanoGPT's MFU)."""
+    matmul_weights = parameters(cfg, vocab) - cfg.context * cfg.d_model
+    return 6.0 * matmul_weights + 12.0 * cfg.layers * cfg.d_model * context
