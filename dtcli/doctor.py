@@ -15,6 +15,7 @@ from typing import Any
 from dtcli import devices as devices_lib
 from dtcli import tfruntime
 from dtcli.mesh import mesh_text
+from dtcli.tables import Column, print_table
 
 # Largest relative weight difference between the 1-device and the multi-device run that passes.
 TOLERANCE = 1e-5
@@ -263,15 +264,14 @@ def run(spec: str | None = None, probe: bool = True) -> list[Check]:
     return checks
 
 
-def render(checks: list[Check], console: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+# DTENSOR_* names are what a user sets: never broken. The detail is prose and wraps.
+COLUMNS = (
+    Column("check", "name"),
+    Column("status", styles={"ok": "green", "warn": "yellow", "FAIL": "bold red"}),
+    Column("detail", "prose"),
+)
 
-    table = Table(title="dtcli doctor", title_justify="left")
-    table.add_column("check", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("detail", overflow="fold")
-    colors = {"ok": "green", "warn": "yellow", "FAIL": "bold red"}
-    for c in checks:
-        table.add_row(c.name, f"[{colors[c.status]}]{c.status}[/]", escape(c.detail))
-    console.print(table)
+
+def render(checks: list[Check], console: Any) -> None:
+    rows = [(c.name, c.status, c.detail) for c in checks]
+    print_table(console, COLUMNS, rows, title="dtcli doctor")

@@ -16,6 +16,7 @@ from dtcli import mesh as mesh_lib
 from dtcli import optimizers
 from dtcli.mesh import UNSHARDED
 from dtcli.recipe import Recipe
+from dtcli.tables import Column, print_table
 
 FLOAT32 = 4  # bytes: dtcli trains in float32
 
@@ -184,92 +185,94 @@ def render(report: Report, console: Any) -> None:
     then the layout warnings."""
     from rich.markup import escape
 
-    console.print(_weights_table(report))
-    console.print(_memory_table(report))
+    _weights_table(report, console)
+    _memory_table(report, console)
     if report.transformer is not None:
-        console.print(_language_model_table(report))
+        _language_model_table(report, console)
     b = report.batch()
     console.print(
         f"batch: global {_shape(b['global_shape'])} sharded along '{report.data_axis}' -> "
         f"{_shape(b['per_device_shape'])} per device ({_size(b['input_bytes_per_device'])}); "
         f"logits {_shape(b['logits_per_device_shape'])} per device",
         highlight=False,
+        soft_wrap=not console.is_terminal,  # a terminal wraps it at words; a pipe gets one line
     )
     axes = report.axes
     for warning in layout_lib.layout_warnings(report.rules, report.plans, axes, report.data_axis):
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        console.print(
+            f"[yellow]warning:[/] {escape(warning)}",
+            highlight=False,
+            soft_wrap=not console.is_terminal,
+        )
 
 
-def _weights_table(report: Report) -> Any:
-    from rich.markup import escape
-    from rich.table import Table
+# Weight paths and rules are what a user greps the recipe for: never cut. At a narrow terminal
+# the rule goes first, then the shard shape (the sharding and shape give it).
+WEIGHT_COLUMNS = (
+    Column("weight", "name"),
+    Column("rule", "name", drop=2),
+    Column("shape", right=True),
+    Column("sharding"),
+    Column("shard", right=True, drop=1),
+    Column("bytes", right=True),
+)
 
+
+def _weights_table(report: Report, console: Any) -> None:
     axes = report.axes
-    table = Table(
-        title=f"{report.name}: mesh {mesh_lib.mesh_text(axes)} over {report.devices}",
-        title_justify="left",
-        caption="sharding: per dim, the mesh axis it is split along ('-': unsharded); "
-        "shard and bytes: on each device",
-        caption_justify="left",
-    )
-    # Paths and regexes fold, never get cut (they are what a user greps the recipe for); the
-    # short columns never wrap, so a narrow terminal gives its room to the long ones.
-    table.add_column("weight", overflow="fold")
-    table.add_column("rule", overflow="fold")
-    for col in ("shape", "sharding", "shard", "bytes"):
-        table.add_column(col, justify="left" if col == "sharding" else "right", no_wrap=True)
-    for p in report.plans:
-        sharded = layout_lib.is_sharded(p, axes)
-        table.add_row(
+    rows = [
+        (
             p.weight.path,
-            escape(p.rule) if p.rule is not None else "[dim]replicated: no rule[/]",
+            p.rule if p.rule is not None else "replicated: no rule",
             _shape(p.weight.shape),
-            ("[bold]" if sharded else "[dim]")
-            + "("
-            + ", ".join("-" if a == UNSHARDED else a for a in p.spec)
-            + ")[/]",
+            "(" + ", ".join("-" if a == UNSHARDED else a for a in p.spec) + ")",
             _shape(p.shard_shape(axes)),
             f"{p.bytes_per_device(axes, FLOAT32):,}",
         )
-    return table
+        for p in report.plans
+    ]
+    print_table(
+        console,
+        WEIGHT_COLUMNS,
+        rows,
+        title=f"{report.name}: mesh {mesh_lib.mesh_text(axes)} over {report.devices}",
+        caption="sharding: per dim, the mesh axis it is split along ('-': unsharded); "
+        "shard and bytes: on each device",
+    )
 
 
-def _memory_table(report: Report) -> Any:
-    from rich.table import Table
-
+def _memory_table(report: Report, console: Any) -> None:
     totals = report.totals()
-    summary = Table(title="memory per device (float32)", title_justify="left")
-    for col in ("", "planned", "fully replicated", "planned / replicated"):
-        summary.add_column(col, justify="right" if col else "left")
     labels = {
         "parameters": "parameters",
         "optimizer_slots": f"optimizer slots ({report.slots} per weight)",
         "total": "total",
     }
+    rows = []
     for key, label in labels.items():
         row = totals[key]
         ratio = row["per_device"] / row["replicated"] if row["replicated"] else 1.0
-        summary.add_row(label, _size(row["per_device"]), _size(row["replicated"]), f"{ratio:.3f}")
-    return summary
+        rows.append((label, _size(row["per_device"]), _size(row["replicated"]), f"{ratio:.3f}"))
+    columns = [Column("", "name")] + [
+        Column(h, right=True) for h in ("planned", "all replicated", "ratio")
+    ]
+    print_table(console, columns, rows, title="memory per device (float32)")
 
 
-def _language_model_table(report: Report) -> Any:
-    from rich.table import Table
-
+def _language_model_table(report: Report, console: Any) -> None:
     parts = report.parts()
     act = report.activations()
-    lm = Table(title="language model per device (float32)", title_justify="left")
-    for col in ("", "bytes"):
-        lm.add_column(col, justify="right" if col else "left")
-    for key, value in parts.items():
-        lm.add_row(f"parameters: {key.replace('_', ' ')}", _size(value))
-    lm.add_row(
-        f"activations, estimate ({report.transformer.layers} blocks, "
-        f"{act['heads_per_device']} heads per device)",
-        _size(act["blocks"]),
+    rows = [(f"parameters: {key.replace('_', ' ')}", _size(value)) for key, value in parts.items()]
+    rows.append(
+        (
+            f"activations, estimate ({report.transformer.layers} blocks, "
+            f"{act['heads_per_device']} heads per device)",
+            _size(act["blocks"]),
+        )
     )
-    lm.add_row("logits and their gradient", _size(act["logits"]))
-    return lm
+    rows.append(("logits and their gradient", _size(act["logits"])))
+    columns = (Column("", "prose"), Column("bytes", right=True))
+    print_table(console, columns, rows, title="language model per device (float32)")
 
 
 def _shape(shape: Any) -> str:
