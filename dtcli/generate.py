@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dtcli import checkpoint as ckpt_lib
-from dtcli import evaluate as evaluate_lib
-from dtcli import storage
+from dtcli import rundir, storage
 from dtcli.errors import UsageError
 
 # One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
@@ -53,8 +52,8 @@ def stream(
     a caller can print it as it comes and keep it on Ctrl-C; "".join() gives the whole text.
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
     check_options(tokens, temperature, top_k, prompt)
-    found = evaluate_lib.find_checkpoint(storage.as_path(path))
-    recipe = evaluate_lib.checkpoint_recipe(found, mesh=mesh, devices=devices)
+    found = rundir.find_checkpoint(storage.as_path(path))
+    recipe = rundir.checkpoint_recipe(found, mesh=mesh, devices=devices)
     if recipe.task != "language_model":
         raise UsageError(
             f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "

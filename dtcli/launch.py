@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dtcli import cluster as cluster_lib
 from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
+from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, storage
-from dtcli.errors import PREEMPTED_EXIT, TrainingError, UsageError
+from dtcli.errors import PREEMPTED_EXIT, Interrupted, TrainingError, UsageError
 
 LOOPBACK = "127.0.0.1"
 # How long stopped clients get to exit on SIGINT before SIGKILL.
@@ -68,8 +70,6 @@ def plan(
     grace: float = 30.0,
 ) -> LaunchPlan:
     """Check everything that can be checked without TensorFlow, before any client starts."""
-    from dtcli import train as train_lib
-
     if clients < 1:
         raise UsageError(f"--clients {clients}: expected at least 1")
     for arg, value in (("--out", out), ("--resume", resume)):
@@ -78,19 +78,11 @@ def plan(
                 f"{arg} {str(value)!r}: ram:// lives inside one process, and launch starts "
                 "several; give a folder or a shared file system (gs://...)"
             )
+    loaded = rundir.command_recipe(recipe, out, resume, sets, mesh=mesh, epochs=epochs)
     if resume is not None:
-        if recipe is not None or out is not None:
-            raise UsageError(
-                "--resume RUN_DIR takes its recipe and folder from the run: "
-                "give no RECIPE and no --out"
-            )
-        loaded = train_lib.resume_recipe(resume, sets, mesh=mesh, epochs=epochs)
         rundir.require_intact(storage.as_path(resume), "--resume", "to resume from", _quiet)
         run_dir = storage.as_path(resume)
-    elif recipe is None:
-        raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
     else:
-        loaded = recipe_lib.load(recipe, sets, mesh=mesh, epochs=epochs)
         run_dir = storage.as_path(out) if out is not None else rundir.default_path(loaded.name)
         rundir.check_new(run_dir, "--out")
     devices, gpus = _devices(loaded, clients, devices_per_client)
@@ -197,20 +189,17 @@ def _command(p: LaunchPlan, client: int, progress: bool) -> list[str]:
 
 
 def _env(p: LaunchPlan, client: int, progress: bool) -> dict[str, str]:
-    from dtcli import cluster as cluster_lib
-    from dtcli import train as train_lib
-
     env = dict(os.environ)
     for key in (cluster_lib.ENV_JOBS, cluster_lib.ENV_CLIENT_ID):
         env.pop(key, None)  # the command line says who each client is
     env["PYTHONUNBUFFERED"] = "1"
-    env[train_lib.LAUNCHED_ENV] = "1"  # the launcher prints the run directory, once
+    env[progress_lib.LAUNCHED_ENV] = "1"  # the launcher prints the run directory, once
     if env.get("DTCLI_TF_LOGS") != "1":
         # When a client dies, every other one logs the same gRPC errors natively, several lines
         # each; the one-line Python error of each client says it all.
         env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if client == 0 and progress:
-        env[train_lib.PROGRESS_EVENTS_ENV] = "1"
+        env[progress_lib.PROGRESS_EVENTS_ENV] = "1"
     if p.gpus_per_client:
         k = p.gpus_per_client
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(client * k, client * k + k))
@@ -279,9 +268,7 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
     if preempting or (failed is None and _all_preempted(procs)):
         # Preempted, the launcher or a client: requeue. (A SIGTERM before the clients' runtime
         # started ends them at once; client 0 then removes a new run that has no checkpoint.)
-        from dtcli import train as train_lib
-
-        raise train_lib.Interrupted(
+        raise Interrupted(
             None, None, preempted=True, message=f"preempted (SIGTERM); {_resume_hint(p)}"
         )
     if failed is not None:
@@ -316,10 +303,8 @@ def _supervise(
     failure: the others are on their way out too and get the grace period to finish saving.
     Returns (client, exit code, its last error line) of the first client that failed, or None.
     """
-    from dtcli import train as train_lib
-
     # Event lines are still consumed (not relayed) when the launcher's stderr is no terminal.
-    bar = _LaunchBar(console) if progress and console.is_terminal else None
+    bar = progress_lib.LaunchBar(console) if progress and console.is_terminal else None
     open_streams = 2 * len(procs)
     last_error: dict[int, str] = {}
     failed: tuple[int, int, str] | None = None
@@ -333,9 +318,9 @@ def _supervise(
             if line is None:
                 open_streams -= 1
             elif client >= 0:
-                if line.startswith(train_lib.PROGRESS_EVENT):
+                if line.startswith(progress_lib.PROGRESS_EVENT):
                     if bar is not None:
-                        bar.event(json.loads(line[len(train_lib.PROGRESS_EVENT) :]))
+                        bar.event(json.loads(line[len(progress_lib.PROGRESS_EVENT) :]))
                 else:
                     if line.startswith("error: "):
                         last_error[client] = line
@@ -428,38 +413,3 @@ def _resume_hint(p: LaunchPlan) -> str:
         f"last complete checkpoint: {latest}; resume with: dtcli launch --clients {p.clients} "
         f"--resume {p.run_dir}"
     )
-
-
-class _LaunchBar:
-    """Client 0's epoch progress, drawn by the launcher from the events client 0 sends."""
-
-    def __init__(self, console: Any):
-        self.console = console
-        self.progress = None
-
-    def event(self, e: dict[str, Any]) -> None:
-        from rich.progress import Progress
-
-        from dtcli import train as train_lib
-
-        kind = e.get("event")
-        if kind == "start":
-            self.stop()
-            self.progress = Progress(
-                *train_lib.progress_columns(f"epoch {e['epoch']}/{e['epochs']} (client 0)"),
-                console=self.console,
-                transient=True,
-            )
-            self.progress.start()
-            self.task = self.progress.add_task(
-                "train", total=e["steps"], completed=e.get("done", 0), stats=""
-            )
-        elif kind == "update" and self.progress is not None:
-            self.progress.update(self.task, completed=e["done"], stats=e["stats"])
-        elif kind == "stop":
-            self.stop()
-
-    def stop(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
