@@ -238,19 +238,7 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, forward_sigterm)
     try:
-        for client in range(p.clients):
-            proc = subprocess.Popen(
-                _command(p, client, progress),
-                env=_env(p, client, progress),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: stopped as a whole
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-            procs.append(proc)
-            for stream in (proc.stdout, proc.stderr):
-                threading.Thread(target=_pump, args=(client, stream, lines), daemon=True).start()
+        _start_clients(p, progress, procs, lines)
         console.print(
             f"launch: {p.clients} clients on {','.join(p.jobs)} "
             f"(pids {', '.join(str(x.pid) for x in procs)})"
@@ -265,6 +253,36 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
         _stop(procs)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    _raise_outcome(p, procs, failed, preempting)
+    return p.run_dir
+
+
+def _start_clients(
+    p: LaunchPlan, progress: bool, procs: list[subprocess.Popen], lines: queue.Queue
+) -> None:
+    """Start every client (appended to `procs` as it starts), its output pumped into `lines`."""
+    for client in range(p.clients):
+        proc = subprocess.Popen(
+            _command(p, client, progress),
+            env=_env(p, client, progress),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: stopped as a whole
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        procs.append(proc)
+        for stream in (proc.stdout, proc.stderr):
+            threading.Thread(target=_pump, args=(client, stream, lines), daemon=True).start()
+
+
+def _raise_outcome(
+    p: LaunchPlan,
+    procs: list[subprocess.Popen],
+    failed: tuple[int, int, str] | None,
+    preempting: bool,
+) -> None:
+    """Every client done: a preemption (requeue) or a failed client as one exception."""
     if preempting or (failed is None and _all_preempted(procs)):
         # Preempted, the launcher or a client: requeue. (A SIGTERM before the clients' runtime
         # started ends them at once; client 0 then removes a new run that has no checkpoint.)
@@ -280,7 +298,6 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
             f"client {client} failed ({how}){': ' + last if last else ''}; stopped the other "
             f"clients; {_resume_hint(p)}"
         )
-    return p.run_dir
 
 
 def _pump(client: int, stream: Any, lines: queue.Queue) -> None:
@@ -318,26 +335,12 @@ def _supervise(
             if line is None:
                 open_streams -= 1
             elif client >= 0:
-                if line.startswith(progress_lib.PROGRESS_EVENT):
-                    if bar is not None:
-                        bar.event(json.loads(line[len(progress_lib.PROGRESS_EVENT) :]))
-                else:
-                    if line.startswith("error: "):
-                        last_error[client] = line
-                    console.print(f"[client {client}] {line}", markup=False)
+                _relay(client, line, bar, console, last_error)
             if failed is None:
-                for i, proc in enumerate(procs):
-                    code = proc.poll()
-                    if code == PREEMPTED_EXIT:
-                        if preempted_at is None:
-                            preempted_at = time.monotonic()
-                        if time.monotonic() - preempted_at < grace + STOP_GRACE_S:
-                            continue
-                    if code not in (None, 0):
-                        failed = (i, code, "")
-                        # Stop the others now: they would wait on the dead client's collectives.
-                        _stop([q for q in procs if q is not proc], wait=False)
-                        break
+                failed, preempted_at = _poll(procs, grace, preempted_at)
+                if failed is not None:
+                    # Stop the others now: they would wait on the dead client's collectives.
+                    _stop([q for i, q in enumerate(procs) if i != failed[0]], wait=False)
         for proc in procs:
             proc.wait(timeout=STOP_GRACE_S * 2)
     except subprocess.TimeoutExpired:
@@ -354,6 +357,42 @@ def _supervise(
         client, code, _ = failed
         return client, code, last_error.get(client, "")
     return None
+
+
+def _relay(
+    client: int,
+    line: str,
+    bar: progress_lib.LaunchBar | None,
+    console: Any,
+    last_error: dict[int, str],
+) -> None:
+    """A client's output line: a progress event drawn (or dropped), anything else printed."""
+    if line.startswith(progress_lib.PROGRESS_EVENT):
+        if bar is not None:
+            bar.event(json.loads(line[len(progress_lib.PROGRESS_EVENT) :]))
+        return
+    if line.startswith("error: "):
+        last_error[client] = line
+    console.print(f"[client {client}] {line}", markup=False)
+
+
+def _poll(
+    procs: list[subprocess.Popen], grace: float, preempted_at: float | None
+) -> tuple[tuple[int, int, str] | None, float | None]:
+    """The first client that failed, if one did, and when the first one exited preempted.
+
+    A client that exits 143 (preempted) gets the grace period before it counts as failed: the
+    others are on their way out too and finish saving their part of the checkpoint."""
+    for i, proc in enumerate(procs):
+        code = proc.poll()
+        if code == PREEMPTED_EXIT:
+            if preempted_at is None:
+                preempted_at = time.monotonic()
+            if time.monotonic() - preempted_at < grace + STOP_GRACE_S:
+                continue
+        if code not in (None, 0):
+            return (i, code, ""), preempted_at
+    return None, preempted_at
 
 
 def _all_preempted(procs: list[subprocess.Popen]) -> bool:

@@ -205,17 +205,18 @@ def test_a_resume_that_fails_before_a_step_leaves_every_file_as_it_was(
 def test_interrupt_before_the_first_resumed_step_changes_nothing(
     trained_run, tmp_path, cli, monkeypatch
 ):
-    from dtcli.train import loop as train_loop
-    from dtcli.train import signals
+    import dtcli.train.loop as train_loop
+    import dtcli.train.run as train_run
+    from dtcli.train.signals import StopOnSignal
 
     run = copy_run(trained_run, tmp_path)
     before = snapshot(run)
 
-    class StopAtOnce(signals.StopOnSignal):
+    class StopAtOnce(StopOnSignal):
         def __call__(self) -> bool:
             return True
 
-    monkeypatch.setattr(signals, "StopOnSignal", StopAtOnce)
+    monkeypatch.setattr(train_run, "StopOnSignal", StopAtOnce)
     monkeypatch.setattr(train_loop, "run_epoch", lambda session, step, state, *a, **k: state)
     r = cli("train", "--resume", run, "--epochs", "4", "--no-progress")
     assert r.code == 130 and "nothing new to save" in r.err, r.err

@@ -25,7 +25,7 @@ from dtcli.session import (
     pack_all,
     run_epoch,
 )
-from dtcli.train import console as console_lib
+from dtcli.train.console import epoch_line, resume_command
 
 
 class Writer(Protocol):
@@ -135,7 +135,7 @@ class EpochLoop:
         record = self._record(epoch, step, state)
         history.append(record)
         self.writer.epoch(record)
-        self.console.print(console_lib.epoch_line(record, cfg), highlight=False)
+        self.console.print(epoch_line(record, cfg), highlight=False)
         state = EpochState(epoch + 1)
         last_epoch = state.epoch == cfg.epochs
         if last_epoch or (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0):
@@ -188,7 +188,7 @@ class EpochLoop:
         run_dir = self.checkpointer.folder.parent
         latest = self.checkpointer.latest()
         preempted = getattr(self.stop, "signal_name", "") == "SIGTERM"
-        again = console_lib.resume_command(run_dir)
+        again = resume_command(run_dir)
         if not self.trained:  # nothing new since the checkpoint this run resumed from
             raise Interrupted(latest, run_dir, saved=False, preempted=preempted, again=again)
         # Decided by what this process saved, not by the folder: in a multi-client run client 0

@@ -26,10 +26,14 @@ from dtcli import rundir, runlog, storage
 from dtcli.errors import TrainingError, UsageError, one_line, printed
 from dtcli.recipe import Recipe
 from dtcli.session import EpochState, Session, make_steps, prepare
-from dtcli.train import console as console_lib
-from dtcli.train import signals
+from dtcli.train.console import header, nothing_to_train, profile_report, summary
 from dtcli.train.loop import Checkpointer, EpochLoop, NoWriter, Writer
-from dtcli.train.signals import DEFAULT_GRACE, SigtermOutsideTheLoop
+from dtcli.train.signals import (
+    DEFAULT_GRACE,
+    PreemptionWatch,
+    SigtermOutsideTheLoop,
+    StopOnSignal,
+)
 
 
 @dataclass
@@ -188,14 +192,14 @@ def _train(run: Run) -> RunResult:
     checkpointer = _checkpointer(run, session)
     history, start, on_first_step = _restore(run, session, checkpointer)
     writer = _writer(run)
-    console_lib.header(run.console, session, run.folder.path)
+    header(run.console, session, run.folder.path)
     # One process: Ctrl-C or SIGTERM stops after the current call and saves. Several clients
     # must agree on that call: a SIGTERM does (through the train call, PreemptionWatch), a
     # Ctrl-C interrupts at once instead (dtcli launch stops every client).
     if run.cluster is None:
-        stopper: Any = signals.StopOnSignal(run.grace)
+        stopper: Any = StopOnSignal(run.grace)
     else:
-        stopper = signals.PreemptionWatch(run.grace)
+        stopper = PreemptionWatch(run.grace)
     profiler = None
     if run.profile is not None and run.chief:  # client 0's trace (clients on one host collide)
         from dtcli import metrics as metrics_lib
@@ -223,20 +227,20 @@ def _train(run: Run) -> RunResult:
             profiler.finish(int(session.optimizer.iterations.numpy()))
     if profiler is not None:
         step = int(session.optimizer.iterations.numpy())
-        console_lib.profile_report(run.console, profiler, run.folder.tensorboard, step)
+        profile_report(run.console, profiler, run.folder.tensorboard, step)
     if run.chief and len(history) > before:
         _plot(run.folder)
     if run.chief:
-        console_lib.summary(run.console, history, start.epoch if run.latest is not None else 0)
+        summary(run.console, history, start.epoch if run.latest is not None else 0)
     return RunResult(run.folder.path, history)
 
 
 def _nothing_to_train(run: Run) -> RunResult:
     """Said before the devices, the model and the compilation are set up for nothing."""
     done = run.meta["epoch_state"]["epoch"]
-    console_lib.nothing_to_train(run.console, done, run.recipe.train.epochs)
+    nothing_to_train(run.console, done, run.recipe.train.epochs)
     history = _history_until(run.folder, run.meta["step"]) if run.chief else []
-    console_lib.summary(run.console, history, done)
+    summary(run.console, history, done)
     return RunResult(run.folder.path, history)
 
 
