@@ -174,7 +174,9 @@ def _join(run: Run) -> None:
     run.cluster = cluster_lib.preflight(
         run.cluster, recipe_lib.fingerprint(run.recipe), run.connect_timeout, leader
     )
-    chosen, run.latest = _agree(run.cluster, run.folder.path, run.latest, run.out is not None)
+    chosen, run.latest = _client0_choice(
+        run.cluster, run.folder.path, run.latest, run.out is not None
+    )
     if not run.chief:
         run.folder = rundir.unlocked(chosen)
 
@@ -360,7 +362,7 @@ def _commit_resume(run: Run, checkpointer: Any) -> None:
         ) from None
 
 
-def _agree(
+def _client0_choice(
     cluster: cluster_lib.Cluster, run_dir: Path, latest: Path | None, explicit: bool
 ) -> tuple[Path, Path | None]:
     """The run directory and resume checkpoint client 0 chose, which every client must use
