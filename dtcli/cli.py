@@ -311,10 +311,8 @@ def export(
 ) -> None:
     """Export a checkpoint as a SavedModel serving plain tensors on one device."""
     from dtcli import export as export_lib
-    from dtcli import rundir
 
-    found = rundir.find_checkpoint(checkpoint)
-    print(export_lib.export(found, rundir.checkpoint_recipe(found), out))
+    print(export_lib.export_path(checkpoint, out))
 
 
 @app.command()

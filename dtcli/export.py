@@ -19,6 +19,13 @@ from dtcli.errors import UsageError, one_line
 from dtcli.recipe import Recipe
 
 
+def export_path(path: Path, out: Path) -> Path:
+    """`dtcli export`: a checkpoint folder, or a run directory's newest intact checkpoint, with
+    the recipe stored with it."""
+    found = rundir.find_checkpoint(path)
+    return export(found, rundir.checkpoint_recipe(found), out)
+
+
 def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
     from dtcli import devices as devices_lib
     from dtcli import models, storage
