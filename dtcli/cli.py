@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from dtcli.errors import Preempted, Stopped, TrainingError, UsageError
+from dtcli.errors import INTERRUPTED_EXIT, Preempted, Stopped, TrainingError, UsageError, printed
 
 app = typer.Typer(
     help="Train neural networks on TensorFlow DTensor meshes from a YAML recipe.",
@@ -153,6 +153,8 @@ def train(
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
     from dtcli import cluster as cluster_lib
+    from dtcli import progress as progress_lib
+    from dtcli import rundir
     from dtcli import train as train_lib
 
     _check_folders(out=out, resume=resume)
@@ -160,27 +162,16 @@ def train(
     _check_timeout(connect_timeout)
     _check_grace(grace_period)
     steps = _profile_steps(profile)
-
-    if resume is not None:
-        if recipe is not None or out is not None:
-            raise UsageError(
-                "--resume RUN_DIR takes its recipe and folder from the run: "
-                "give no RECIPE and no --out"
-            )
-        loaded = train_lib.resume_recipe(
-            resume,
-            sets or [],
-            mesh=mesh,
-            devices=devices,
-            epochs=epochs,
-            chief=cluster is None or cluster.is_chief,
-        )
-    elif recipe is None:
-        raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
-    else:
-        from dtcli import recipe as recipe_lib
-
-        loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices, epochs=epochs)
+    loaded = rundir.command_recipe(
+        recipe,
+        out,
+        resume,
+        sets or [],
+        mesh=mesh,
+        devices=devices,
+        epochs=epochs,
+        chief=cluster is None or cluster.is_chief,
+    )
     result = train_lib.train(
         loaded,
         out=out,
@@ -191,8 +182,7 @@ def train(
         grace=grace_period,
         profile=steps,
     )
-    launched = os.environ.get(train_lib.LAUNCHED_ENV) == "1"
-    if not launched and (cluster is None or cluster.is_chief):
+    if not progress_lib.launched() and (cluster is None or cluster.is_chief):
         print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
 
 
@@ -320,11 +310,9 @@ def export(
     out: str = typer.Option(..., "--out", help="Folder for the SavedModel."),
 ) -> None:
     """Export a checkpoint as a SavedModel serving plain tensors on one device."""
-    from dtcli import evaluate as evaluate_lib
     from dtcli import export as export_lib
 
-    found = evaluate_lib.find_checkpoint(checkpoint)
-    print(export_lib.export(found, evaluate_lib.checkpoint_recipe(found), out))
+    print(export_lib.export_path(checkpoint, out))
 
 
 @app.command()
@@ -434,11 +422,6 @@ def _quiet_python_warnings() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = (getattr(exc, "message", None) or str(exc)).strip()
-    return text.splitlines()[0][:300] if text else ""
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run one command line in this process and return its exit code (main() exits with it).
 
@@ -464,10 +447,10 @@ def run(argv: list[str] | None = None) -> int:
     else:
         _quiet_python_warnings()
 
-    def fail(message: str, code: int) -> int:
+    def fail(line: str, code: int) -> int:
         if debug:
             traceback.print_exc()
-        print(f"error: {message}", file=sys.stderr)
+        print(line, file=sys.stderr)
         return code
 
     try:
@@ -476,23 +459,18 @@ def run(argv: list[str] | None = None) -> int:
         app(["--help"], standalone_mode=False, prog_name="dtcli")
         return 2
     except ArgumentError as exc:  # unknown option, missing argument, bad value
-        return fail(exc.format_message().replace("\n", " "), exc.exit_code)
+        return fail("error: " + exc.format_message().replace("\n", " "), exc.exit_code)
     except (UsageError, TrainingError) as exc:
-        return fail(str(exc), exc.exit_code)
+        return fail(printed(exc), exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside training's own handling
-        return fail("interrupted", 130)
+        return fail(printed(KeyboardInterrupt()), INTERRUPTED_EXIT)
     except (Stopped, Preempted) as exc:  # Ctrl-C or SIGTERM that saved what it could: no error
-        print(str(exc), file=sys.stderr)
+        print(printed(exc), file=sys.stderr)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
-        detail = _first_line(exc)
-        return fail(
-            f"{type(exc).__name__}{': ' + detail if detail else ''} "
-            "(unexpected; run again with --debug for the traceback)",
-            1,
-        )
+        return fail(f"{printed(exc)} (unexpected; run again with --debug for the traceback)", 1)
     return code if isinstance(code, int) else 0
 
 

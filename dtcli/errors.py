@@ -1,6 +1,10 @@
-"""The one exception type users see: a bad recipe, argument or input, reported in one line."""
+"""The exceptions users see, each reported in one line, their exit codes, and the one rule that
+turns any exception into that line (`one_line`, `printed`)."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -41,3 +45,56 @@ INTERRUPTED_EXIT = 130  # Ctrl-C: a checkpoint of the current step was written
 # the grace period ran out and the last complete one stands; requeue and resume. 128 + 15, the
 # code a shell reports for SIGTERM, which Kubeflow's ExitCode restart policy treats as retryable.
 PREEMPTED_EXIT = 143
+
+
+class Interrupted(Stopped):
+    """Ctrl-C or SIGTERM: a checkpoint was written at the current step.
+
+    `again`: the command that resumes the run (default `dtcli train --resume RUN_DIR`; a launched
+    client names `dtcli launch`)."""
+
+    def __init__(
+        self,
+        checkpoint: Path | None,
+        run_dir: Path | None,
+        saved: bool = True,
+        preempted: bool = False,
+        message: str | None = None,
+        again: str | None = None,
+    ):
+        what = f"saved {checkpoint}" if saved else f"nothing new to save (last: {checkpoint})"
+        head = "preempted (SIGTERM)" if preempted else "interrupted"
+        self.exit_code = PREEMPTED_EXIT if preempted else INTERRUPTED_EXIT
+        again = again or f"dtcli train --resume {run_dir}"
+        super().__init__(message or f"{head}; {what}; resume with: {again}")
+
+
+# The longest one-line rendering of an exception's message: a line on a terminal or in a log,
+# long enough for a path and a reason.
+ONE_LINE_LIMIT = 300
+# TensorFlow's framing around an op error's cause ("{{function_node __inference_...}}").
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+
+
+def one_line(exc: BaseException, named: bool = False) -> str:
+    """An exception as one line: the first line of its message (TensorFlow's `.message` where it
+    has one, without the `{{function_node ...}}` framing), at most ONE_LINE_LIMIT characters; the
+    type's name when the message is empty. `named`: `TypeName: first line` (or `TypeName`)."""
+    text = _FUNCTION_NODE.sub("", getattr(exc, "message", None) or str(exc)).strip()
+    first = text.splitlines()[0][:ONE_LINE_LIMIT] if text else ""
+    if not first:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if named else first
+
+
+def printed(exc: BaseException) -> str:
+    """The line the command line prints for an exception that ends a command (train.log keeps
+    the same line): a stop that saved what it could as it is, anything else `error: ...`.
+    (The command line adds a hint to run again with --debug to an unexpected one.)"""
+    if isinstance(exc, (Stopped, Preempted)):
+        return str(exc)
+    if isinstance(exc, (UsageError, TrainingError)):
+        return f"error: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "error: interrupted"
+    return f"error: {one_line(exc, named=True)}"

@@ -13,40 +13,14 @@ from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir, storage
+from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
+from dtcli.rundir import checkpoint_recipe, find_checkpoint
+
+__all__ = ["SPLITS", "checkpoint_recipe", "evaluate_checkpoint", "evaluate_path", "find_checkpoint"]
 
 SPLITS = ("eval", "train")
-
-
-def find_checkpoint(path: Path, warn: Any = None) -> Path:
-    """A checkpoint folder (verified), or the newest intact checkpoint of a run directory."""
-    if warn is None:
-        return rundir.find_checkpoint(path, "CHECKPOINT")
-    return rundir.find_checkpoint(path, "CHECKPOINT", warn)
-
-
-def checkpoint_recipe(
-    checkpoint: Path,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    devices: str | None = None,
-    batch_size: int | None = None,
-) -> Recipe:
-    """The recipe stored with a checkpoint, with command-line overrides."""
-    raw = ckpt_lib.read_meta(checkpoint)["recipe"]
-    if not isinstance(raw, dict):
-        raise ckpt_lib.DamagedCheckpoint(checkpoint, "its recipe is not a mapping")
-    sets = list(sets)
-    if batch_size is not None:
-        if batch_size < 1:
-            raise UsageError(f"--batch-size {batch_size}: expected a positive integer")
-        sets.append(f"data.eval_batch_size={batch_size}")
-    try:
-        return recipe_lib.load(raw, sets, mesh=mesh, devices=devices)
-    except UsageError as exc:
-        raise UsageError(f"{exc} (recipe stored with {checkpoint})") from None
 
 
 def evaluate_path(

@@ -15,8 +15,15 @@ from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir
-from dtcli.errors import UsageError
+from dtcli.errors import UsageError, one_line
 from dtcli.recipe import Recipe
+
+
+def export_path(path: Path, out: Path) -> Path:
+    """`dtcli export`: a checkpoint folder, or a run directory's newest intact checkpoint, with
+    the recipe stored with it."""
+    found = rundir.find_checkpoint(path)
+    return export(found, rundir.checkpoint_recipe(found), out)
 
 
 def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
@@ -47,10 +54,8 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
         try:
             tf.train.Checkpoint(model=model).read(str(checkpoint / "ckpt")).expect_partial()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
-            first = (getattr(exc, "message", None) or str(exc)).strip().splitlines()
             raise UsageError(
-                f"checkpoint {checkpoint}: does not fit its recipe's model "
-                f"({first[0][:200] if first else type(exc).__name__})"
+                f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"
             ) from None
 
         language = recipe.task == "language_model"

@@ -14,13 +14,14 @@ import codecs
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dtcli import checkpoint as ckpt_lib
-from dtcli import evaluate as evaluate_lib
-from dtcli import storage
+from dtcli import rundir, storage
 from dtcli.errors import UsageError
+from dtcli.recipe import Recipe
 
 # One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
 MAX_TOKENS = 1_000_000
@@ -53,43 +54,24 @@ def stream(
     a caller can print it as it comes and keep it on Ctrl-C; "".join() gives the whole text.
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
     check_options(tokens, temperature, top_k, prompt)
-    found = evaluate_lib.find_checkpoint(storage.as_path(path))
-    recipe = evaluate_lib.checkpoint_recipe(found, mesh=mesh, devices=devices)
+    found = rundir.find_checkpoint(storage.as_path(path))
+    recipe = rundir.checkpoint_recipe(found, mesh=mesh, devices=devices)
     if recipe.task != "language_model":
         raise UsageError(
             f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "
             f"this run's task is {recipe.task}"
         )
-    from dtcli import devices as devices_lib
-
-    tf = devices_lib.import_tensorflow()  # without its native start-up notices
-    from tensorflow.experimental import dtensor
-
-    from dtcli import session as session_lib
-    from dtcli.layout import layout_warnings, replicated
-
-    session = session_lib.prepare(recipe, splits=(), use_devices=use_devices)
-    rules = recipe.layouts.rules
-    # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
-    for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    ckpt = ckpt_lib.Checkpointer(found.parent, {"model": session.model.module}, keep=1)
-    ckpt.restore(found, session.model.weights, partial=True)
+    session = _restored_session(found, recipe, use_devices)
     context = session.data.input_shape[0]
     vocab = session.data.num_classes
     if top_k is not None and top_k > vocab:
         raise UsageError(f"--top-k {top_k}: expected at most the vocabulary, {vocab}")
-    model = session.model
+    logits_at = _next_logits(session)
+    from tensorflow.experimental import dtensor
+
+    from dtcli.layout import replicated
+
     mesh_ = session.mesh
-
-    @tf.function(autograph=model.needs_autograph)
-    def logits_at(window: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
-        """`at`: [context] bool, true at the last prompt position (a position as an int
-        would be folded into the program by DTensor and lowered again: Packer.flags)."""
-        out = model.forward(window, training=False)  # [1, context, vocab]
-        row = tf.reduce_sum(out[0] * tf.cast(at, out.dtype)[:, None], axis=0)
-        return dtensor.relayout(row, replicated(mesh_, 1))
-
     rng = np.random.default_rng(seed)
     sequence = list(prompt.encode("utf-8"))
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -104,6 +86,45 @@ def stream(
         sequence.append(token)
         yield decoder.decode(bytes([token]))
     yield decoder.decode(b"", final=True)
+
+
+def _restored_session(found: Path, recipe: Recipe, use_devices: int | None) -> Any:
+    """A session on the target mesh, without data, with the checkpoint restored into it."""
+    from dtcli import devices as devices_lib
+
+    devices_lib.import_tensorflow()  # without its native start-up notices
+    from dtcli import session as session_lib
+    from dtcli.layout import layout_warnings
+
+    session = session_lib.prepare(recipe, splits=(), use_devices=use_devices)
+    rules = recipe.layouts.rules
+    # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
+    for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    ckpt = ckpt_lib.Checkpointer(found.parent, {"model": session.model.module}, keep=1)
+    ckpt.restore(found, session.model.weights, partial=True)
+    return session
+
+
+def _next_logits(session: Any) -> Any:
+    """The compiled forward pass: a window of tokens in, the logits at one position out."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    from dtcli.layout import replicated
+
+    model = session.model
+    mesh_ = session.mesh
+
+    @tf.function(autograph=model.needs_autograph)
+    def logits_at(window: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
+        """`at`: [context] bool, true at the last prompt position (a position as an int
+        would be folded into the program by DTensor and lowered again: Packer.flags)."""
+        out = model.forward(window, training=False)  # [1, context, vocab]
+        row = tf.reduce_sum(out[0] * tf.cast(at, out.dtype)[:, None], axis=0)
+        return dtensor.relayout(row, replicated(mesh_, 1))
+
+    return logits_at
 
 
 def pick(

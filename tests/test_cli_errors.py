@@ -6,6 +6,8 @@ console script in a fresh process, to check the exit code reaches the shell.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from conftest import RECIPES, dtcli
@@ -145,3 +147,36 @@ def test_out_folder_that_holds_files_is_not_touched(tmp_path, cli):
     proc = cli("train", QUICK, "--out", tmp_path)
     check_one_line_error(proc, "the folder exists and is not empty")
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_one_line_and_printed_render_an_exception_as_one_line():
+    """One rule for every site: the first line of the message (TensorFlow's `.message`, without
+    its {{function_node}} framing), at most ONE_LINE_LIMIT characters, the type's name when empty."""
+    from dtcli.errors import (
+        ONE_LINE_LIMIT,
+        Interrupted,
+        Preempted,
+        TrainingError,
+        UsageError,
+        one_line,
+        printed,
+    )
+
+    class OpError(Exception):
+        message = "{{function_node __inference_step_12}} Connection reset\n\t [[{{node x}}]]"
+
+    assert one_line(ValueError("  first line\nsecond line ")) == "first line"
+    assert one_line(ValueError("x\ny"), named=True) == "ValueError: x"
+    assert one_line(ValueError()) == "ValueError"
+    assert one_line(ValueError(""), named=True) == "ValueError"
+    assert one_line(OpError("ignored"), named=True) == "OpError: Connection reset"
+    assert len(one_line(ValueError("y" * 1000))) == ONE_LINE_LIMIT
+    assert printed(UsageError("recipe key 'seed': bad")) == "error: recipe key 'seed': bad"
+    assert printed(TrainingError("disk full")) == "error: disk full"
+    assert printed(KeyboardInterrupt()) == "error: interrupted"
+    assert printed(Preempted("preempted (SIGTERM)")) == "preempted (SIGTERM)"
+    assert printed(RuntimeError("boom\nmore")) == "error: RuntimeError: boom"
+    stopped = Interrupted(Path("r/checkpoints/ckpt-1"), Path("r"))
+    assert printed(stopped) == (
+        "interrupted; saved r/checkpoints/ckpt-1; resume with: dtcli train --resume r"
+    )

@@ -371,10 +371,10 @@ def test_sigterm_before_training_removes_the_new_run_and_exits_143(tmp_path):
 def test_a_sigterm_while_the_run_folder_is_made_lands_after_it():
     """Held back, not lost: raised once the block ends, where the clean-up can see the run."""
     from dtcli.errors import Preempted
-    from dtcli.train import _SigtermOutsideTheLoop
+    from dtcli.train.signals import SigtermOutsideTheLoop
 
     seen = []
-    with _SigtermOutsideTheLoop() as early:
+    with SigtermOutsideTheLoop() as early:
         with pytest.raises(Preempted, match="preempted \\(SIGTERM\\) outside the training loop"):
             with early.deferred():
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -387,16 +387,17 @@ def test_a_sigterm_while_the_run_folder_is_made_lands_after_it():
 
 
 def test_stop_on_signal_ctrl_c_twice_interrupts_sigterm_asks_and_exit_codes():
-    from dtcli.train import Interrupted, _StopOnSignal
+    from dtcli.errors import Interrupted
+    from dtcli.train.signals import StopOnSignal
 
-    stop = _StopOnSignal(grace=60)
+    stop = StopOnSignal(grace=60)
     with stop:
         assert not stop()
         stop._handle(signal.SIGINT, None)
         assert stop() and stop.signal_name == "SIGINT"
         with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C: at once
             stop._handle(signal.SIGINT, None)
-    stop = _StopOnSignal(grace=60)
+    stop = StopOnSignal(grace=60)
     with stop:
         stop._handle(signal.SIGTERM, None)
         stop._handle(signal.SIGTERM, None)  # a repeated notice changes nothing
@@ -409,8 +410,8 @@ def test_stop_on_signal_ctrl_c_twice_interrupts_sigterm_asks_and_exit_codes():
 def test_sigterm_grace_period_running_out_exits_143_naming_it():
     code = (
         "import os, signal, time\n"
-        "from dtcli.train import _StopOnSignal\n"
-        "with _StopOnSignal(grace=0.5):\n"
+        "from dtcli.train.signals import StopOnSignal\n"
+        "with StopOnSignal(grace=0.5):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(30)  # a call that outlasts the grace period\n"
     )

@@ -1,0 +1,49 @@
+"""What a run directory holds and where (the file names), and the small helpers every part of
+dtcli.rundir shares: warnings, OS error reasons, unreachable file systems as bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dtcli import storage
+from dtcli.errors import UsageError
+
+RECIPE = "recipe.yaml"
+METRICS = "metrics.jsonl"
+STEPS = "steps.jsonl"
+RESUMES = "resumes.jsonl"
+TRAIN_LOG = "train.log"
+TENSORBOARD = "tensorboard"
+CHECKPOINTS = "checkpoints"
+PLOTS = "plots"
+LOCK = ".dtcli.lock"
+
+Warn = Callable[[str], None]
+
+
+def stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def os_reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+@contextlib.contextmanager
+def reachable(arg: str, path: Any) -> Iterator[None]:
+    """A file system that cannot be reached (a bucket without network or credentials, a scheme
+    TensorFlow has no plug-in for) is bad input naming the argument, not a crash."""
+    try:
+        yield
+    except OSError as exc:
+        if not storage.is_remote(path):
+            raise
+        reason = os_reason(exc)
+        if "not implemented" in reason:
+            reason += (
+                "; TensorFlow has no file system for it here (a plug-in such as tensorflow-io)"
+            )
+        raise UsageError(f"{arg} {str(path)!r}: cannot use it ({reason})") from None

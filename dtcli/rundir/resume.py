@@ -1,0 +1,133 @@
+"""The recipe a run continues with: the one it was written with, with command-line overrides
+that may not change what its checkpoints depend on; and the recipe stored with a checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import recipe as recipe_lib
+from dtcli import storage
+from dtcli.errors import UsageError
+from dtcli.recipe import Recipe
+from dtcli.rundir.files import RECIPE, reachable
+from dtcli.rundir.lock import held_by, held_error
+
+# What a checkpoint's state depends on: a resume may not change it. The mesh, devices, layouts,
+# data, optimizer hyperparameters and schedule may change and take effect from the resumed step.
+# (SGD with and without momentum keep different optimizer slots.)
+FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
+    "seed": lambda r: r.seed,
+    "model": lambda r: r.model,
+    "optimizer.name": lambda r: r.optimizer.name,
+    "optimizer.momentum": lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0,
+    "data.batch_size": lambda r: r.data.batch_size,
+}
+
+
+def command_recipe(
+    recipe: str | Path | None,
+    out: str | Path | None,
+    resume: str | Path | None,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    epochs: int | None = None,
+    chief: bool = True,
+) -> Recipe:
+    """The recipe `dtcli train` and `dtcli launch` run: RECIPE's, or with `--resume RUN_DIR` the
+    run's own (which takes its recipe and folder from the run), with command-line overrides."""
+    if resume is not None:
+        if recipe is not None or out is not None:
+            raise UsageError(
+                "--resume RUN_DIR takes its recipe and folder from the run: "
+                "give no RECIPE and no --out"
+            )
+        return resume_recipe(resume, sets, mesh=mesh, devices=devices, epochs=epochs, chief=chief)
+    if recipe is None:
+        raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
+    return recipe_lib.load(recipe, sets, mesh=mesh, devices=devices, epochs=epochs)
+
+
+def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:
+    with reachable(arg, path):
+        path = storage.as_path(path)
+        if not path.is_dir():
+            what = "no such folder" if not path.exists() else "not a folder"
+            raise UsageError(f"{arg} {str(path)!r}: {what}")
+        # First: a new run holds its folder before it writes recipe.yaml.
+        info = held_by(path) if check_lock else None
+        if info is not None:
+            raise held_error(arg, path, info)
+        if not (path / RECIPE).is_file():
+            raise UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
+
+
+def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True) -> Path:
+    """The run's recipe file, checked to be there (what `--resume` loads). `check_lock=False`:
+    for clients 1.. of a multi-client run, whose client 0 holds the lock."""
+    check_resumable(path, arg, check_lock)
+    return storage.as_path(path) / RECIPE
+
+
+def resume_recipe(
+    run_dir: str | Path,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    epochs: int | None = None,
+    chief: bool = True,
+) -> Recipe:
+    """The recipe a run was written with, with command-line overrides (for --resume).
+
+    `chief`: False for clients 1.. of a multi-client run, which read the run client 0 holds."""
+    path = read_recipe_text(run_dir, check_lock=chief)
+    before = recipe_lib.load(path)
+    after = recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
+    for key, value in FIXED_ON_RESUME.items():
+        if value(before) != value(after):
+            raise UsageError(
+                f"--set {key}: a run resumes with the {key} it was trained with; train a new "
+                "run (--out) to change it"
+            )
+    return after
+
+
+def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
+    """{dotted key: [old, new]} for every recipe value that differs."""
+
+    def flat(recipe: Recipe) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in recipe_lib.to_mapping(recipe).items():
+            if isinstance(value, dict) and key != "mesh":  # a section: one entry per key
+                out.update({f"{key}.{k}": v for k, v in value.items()})
+            else:
+                out[key] = value
+        return out
+
+    a, b = flat(before), flat(after)
+    return {k: [a.get(k), b.get(k)] for k in {**a, **b} if a.get(k) != b.get(k)}
+
+
+def checkpoint_recipe(
+    checkpoint: Path,
+    sets: list[str] | tuple[str, ...] = (),
+    mesh: str | None = None,
+    devices: str | None = None,
+    batch_size: int | None = None,
+) -> Recipe:
+    """The recipe stored with a checkpoint, with command-line overrides."""
+    raw = ckpt_lib.read_meta(checkpoint)["recipe"]
+    if not isinstance(raw, dict):
+        raise ckpt_lib.DamagedCheckpoint(checkpoint, "its recipe is not a mapping")
+    sets = list(sets)
+    if batch_size is not None:
+        if batch_size < 1:
+            raise UsageError(f"--batch-size {batch_size}: expected a positive integer")
+        sets.append(f"data.eval_batch_size={batch_size}")
+    try:
+        return recipe_lib.load(raw, sets, mesh=mesh, devices=devices)
+    except UsageError as exc:
+        raise UsageError(f"{exc} (recipe stored with {checkpoint})") from None

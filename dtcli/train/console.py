@@ -1,0 +1,115 @@
+"""What `dtcli train` prints: the run header, one line per epoch, the closing summary, and the
+command that resumes a stopped run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from dtcli import cluster as cluster_lib
+from dtcli import layout as layout_lib
+from dtcli import mesh as mesh_lib
+from dtcli import progress as progress_lib
+from dtcli.recipe import TrainConfig
+from dtcli.session import Session
+
+
+def header(console: Any, session: Session, run_dir: Path) -> None:
+    """The run's first line: model, weights, mesh, devices, data, run directory; then a warning
+    for each layout rule that does nothing."""
+    from rich.markup import escape
+
+    r = session.recipe
+    sharded = sum(1 for p in session.plans if layout_lib.is_sharded(p, session.axes))
+    d = session.devices
+    over = d.text if d.clients == 1 else f"{d.text} ({d.clients} clients x {d.local_count})"
+    console.print(
+        f"[bold]{r.name}[/]: {r.model.api} model, {len(session.plans)} weights ({sharded} sharded) "
+        f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}; "
+        f"data: {session.data.description}; run directory: {run_dir}",
+        highlight=False,
+    )
+    for warning in layout_lib.layout_warnings(
+        r.layouts.rules, session.plans, session.axes, r.layouts.data_axis
+    ):
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def epoch_line(record: dict[str, Any], cfg: TrainConfig) -> str:
+    """An epoch's line: its losses and accuracies, throughput and (a language model's) MFU."""
+    compiling = ""
+    if "compile_seconds" in record:  # the rate stays honest; this says why it is low here
+        compiling = f" (incl. {record['compile_seconds']:.1f} s compiling the step)"
+    epoch = record["epoch"]
+    if "eval_perplexity" in record:  # a language model
+        where = f"step {record['step']}/{cfg.steps}" if cfg.steps else f"epoch {epoch}/{cfg.epochs}"
+        flops = record.get("flops_per_sec_per_device")
+        mfu = f", MFU {record['mfu']:.1%}" if "mfu" in record else ""
+        per_device = f", {flops / 1e9:,.1f} GFLOP/s per device{mfu}" if flops else ""
+        return (
+            f"{where} loss {record['train_loss']:.4f} | eval loss {record['eval_loss']:.4f} "
+            f"ppl {record['eval_perplexity']:.2f} acc {record['eval_accuracy']:.4f} | "
+            f"{record['tokens_per_sec']:,.0f} tok/s{per_device}{compiling}"
+        )
+    return (
+        f"epoch {epoch}/{cfg.epochs} loss {record['train_loss']:.4f} "
+        f"acc {record['train_accuracy']:.4f} | eval loss {record['eval_loss']:.4f} "
+        f"acc {record['eval_accuracy']:.4f} | {record['examples_per_sec']:,.0f} ex/s{compiling}"
+    )
+
+
+def summary(console: Any, history: list[dict[str, Any]], first_epoch: int) -> None:
+    """One closing line with what the epoch lines did not say (they said the rest)."""
+    if not history:
+        return
+    seconds = sum(r["seconds"] for r in history[first_epoch:])
+    if "eval_perplexity" in history[-1]:
+        last = history[-1]
+        console.print(
+            f"done: {last['step']} steps ({seconds:.1f} s training in this process); eval loss "
+            f"{last['eval_loss']:.4f} (perplexity {last['eval_perplexity']:.2f})",
+            highlight=False,
+        )
+        return
+    best = max(history, key=lambda r: r["eval_accuracy"])
+    console.print(
+        f"done: {history[-1]['epoch']} epoch{'s' * (history[-1]['epoch'] != 1)}, "
+        f"{history[-1]['step']} steps "
+        f"({seconds:.1f} s training in this process); best eval acc {best['eval_accuracy']:.4f} "
+        f"in epoch {best['epoch']}",
+        highlight=False,
+    )
+
+
+def nothing_to_train(console: Any, done: int, epochs: int) -> None:
+    console.print(
+        f"[yellow]nothing to train:[/] the run has {done} epochs and train.epochs is "
+        f"{epochs}; --epochs is the total, give more",
+        highlight=False,
+    )
+
+
+def profile_report(console: Any, profiler: Any, tensorboard: Path, step: int) -> None:
+    """Where the profiler trace went, or that no step of --profile ran."""
+    if profiler.traced is not None:
+        first, last = profiler.traced
+        console.print(
+            f"profile: steps {first}-{last} traced into {tensorboard} "
+            "(TensorBoard's Profile tab, with tensorboard-plugin-profile installed)",
+            highlight=False,
+        )
+        return
+    console.print(
+        f"[yellow]warning:[/] --profile {profiler.start}:{profiler.stop}: no step of it ran "
+        f"(this session trained up to step {step}); no trace was written",
+        highlight=False,
+    )
+
+
+def resume_command(run_dir: Path | None) -> str:
+    """The command that continues a stopped run (a launched client's: `dtcli launch`)."""
+    if progress_lib.launched() and os.environ.get(cluster_lib.ENV_JOBS):
+        clients = len(os.environ[cluster_lib.ENV_JOBS].split(","))
+        return f"dtcli launch --clients {clients} --resume {run_dir}"
+    return f"dtcli train --resume {run_dir}"
