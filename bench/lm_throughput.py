@@ -1,6 +1,6 @@
 """dtcli's language-model training loop against a hand-written tf-keras loop: tokens/s, one run.
 
-Both train the same model (recipes/tiny_gpt.yaml's GPT, built by dtcli.transformer, from the
+Both train the same model (recipes/tiny_gpt.yaml's GPT, built by dtcli.models.transformer, from the
 same initial weights) with the same optimizer (AdamW, the recipe's betas, decay and clipping, a
 constant learning rate), on the same windows of the same text in the same order, on one device,
 in one process; stretches of steps alternate between them so machine noise hits both alike.
@@ -31,10 +31,11 @@ def hand_written_loop(cfg, opt_cfg, vocab: int, initial: dict):
     import tensorflow as tf
     import tf_keras
 
-    from dtcli import models, transformer
+    from dtcli import models
+    from dtcli.models import transformer
 
     model = transformer.build(cfg, vocab)
-    for path, var, _ in models._keras_variables(model):
+    for path, var, _ in models.keras.keras_variables(model):
         var.assign(initial[path])
     optimizer = tf_keras.optimizers.AdamW(
         learning_rate=opt_cfg.learning_rate,
@@ -43,7 +44,7 @@ def hand_written_loop(cfg, opt_cfg, vocab: int, initial: dict):
         beta_2=opt_cfg.beta_2,
         epsilon=opt_cfg.epsilon,
     )
-    decay_free = [v for p, v, _ in models._keras_variables(model) if p.endswith("gamma")]
+    decay_free = [v for p, v, _ in models.keras.keras_variables(model) if p.endswith("gamma")]
     optimizer.exclude_from_weight_decay(var_list=decay_free)
 
     @tf.function
@@ -69,14 +70,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="stretches of each loop")
     args = parser.parse_args()
 
-    from dtcli import devices as devices_lib
+    from dtcli import tfruntime
 
-    devices_lib.set_runtime_env()
+    tfruntime.set_runtime_env()
     import numpy as np
 
     from dtcli import models
     from dtcli import recipe as recipe_lib
     from dtcli import session as session_lib
+    from dtcli import steps as steps_lib
 
     recipe = recipe_lib.load(
         ROOT / "recipes" / "tiny_gpt.yaml",
@@ -89,11 +91,11 @@ def main() -> None:
         ],
     )
     session = session_lib.prepare(recipe)
-    train_call, _ = session_lib.make_steps(session)
+    train_call, _ = steps_lib.make_steps(session)
     initial = models.host_weights(session.model, session.mesh)
     cfg = recipe.model.transformer
     step = hand_written_loop(cfg, recipe.optimizer, session.data.num_classes, initial)
-    k = session_lib.steps_per_call(session)
+    k = steps_lib.steps_per_call(session)
     feed = session.train_feed
     tokens_per_step = recipe.data.batch_size * session.data.input_shape[0]
 
@@ -104,7 +106,7 @@ def main() -> None:
         started = time.perf_counter()
         loss = 0.0
         while block := list(itertools.islice(batches, k)):
-            out = session_lib.train_block(session, train_call, block)
+            out = steps_lib.train_block(session, train_call, block)
             loss = float(out["loss"][-1])
         return args.steps * tokens_per_step / (time.perf_counter() - started), loss
 

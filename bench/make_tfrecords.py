@@ -73,7 +73,7 @@ def main() -> None:
     group.add_argument("--idx", type=Path, help="a folder of MNIST IDX files to convert")
     group.add_argument("--generate-gb", type=float, help="generate this many GB of examples")
     args = ap.parse_args()
-    from dtcli.devices import import_tensorflow
+    from dtcli.tfruntime import import_tensorflow
 
     import_tensorflow()  # without TensorFlow's native start-up notices
     if args.idx is not None:

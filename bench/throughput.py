@@ -215,7 +215,7 @@ def main() -> None:
         sets += ["data.source=synthetic", "data.shape=[784]", f"data.count={count}"]
     else:
         sets += ["data.source=idx", f"data.path={MNIST}"]
-    recipe = recipe_lib.load(args.recipe, sets, mesh=args.mesh, devices=args.devices)
+    recipe = recipe_lib.load(args.recipe, recipe_lib.Overrides(sets, args.mesh, args.devices))
     if recipe.model.api != "core":
         raise SystemExit("bench/throughput.py compares Core-API MLP recipes (model.api: core)")
     session = session_lib.prepare(recipe)
@@ -326,7 +326,9 @@ def main() -> None:
 
 
 def _dtcli_epoch(session, session_lib):
-    train_call, _ = session_lib.make_steps(session)
+    from dtcli import steps as steps_lib
+
+    train_call, _ = steps_lib.make_steps(session)
 
     def epoch(index: int) -> tuple[float, float]:
         state = session_lib.run_epoch(session, train_call, session_lib.EpochState(index))

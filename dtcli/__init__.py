@@ -1,6 +1,6 @@
 """dtcli: train neural networks on TensorFlow DTensor meshes from a YAML recipe."""
 
-from dtcli.devices import set_runtime_env
+from dtcli.tfruntime import set_runtime_env
 
 __version__ = "0.1.0"
 

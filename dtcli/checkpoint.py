@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import storage
-from dtcli.errors import TrainingError, UsageError
+from dtcli.errors import TrainingError, UsageError, one_line
 
 META = "meta.json"
 # TensorFlow's CheckpointState file, read by tf.train.latest_checkpoint.
@@ -193,7 +193,7 @@ class Checkpointer:
         except (OSError, tf.errors.OpError) as exc:
             if self.barrier is None:
                 storage.rmtree(tmp, ignore_errors=True)
-            reason = exc.strerror if isinstance(exc, OSError) else _first_line(exc)
+            reason = exc.strerror if isinstance(exc, OSError) else _cause(exc)
             previous = self.latest()
             raise TrainingError(
                 f"saving checkpoint {final} failed ({reason}); the run stopped; earlier "
@@ -241,8 +241,7 @@ class Checkpointer:
                 status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
             raise UsageError(
-                f"checkpoint {checkpoint}: does not fit this model and optimizer "
-                f"({_first_line(exc)})"
+                f"checkpoint {checkpoint}: does not fit this model and optimizer ({_cause(exc)})"
             ) from None
 
 
@@ -253,7 +252,7 @@ _OS_REASONS = re.compile(
 )
 
 
-def _first_line(exc: BaseException) -> str:
+def _cause(exc: BaseException) -> str:
     text = (getattr(exc, "message", None) or str(exc)).strip()
     found = _OS_REASONS.search(text)
     if found:
@@ -263,7 +262,7 @@ def _first_line(exc: BaseException) -> str:
     lines = [
         s for s in lines if "root error(s) found" not in s and not s.startswith(("(", "[["))
     ] or lines
-    return (lines[0] if lines else type(exc).__name__)[:200]
+    return one_line(exc, text="\n".join(lines))
 
 
 def _fault_point() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
 
@@ -95,6 +96,15 @@ def _check_grace(seconds: float) -> None:
         )
 
 
+def _overrides(
+    sets: list[str] | None, mesh: str | None, devices: str | None, epochs: int | None = None
+) -> Any:
+    """The command line's recipe overrides, as one recipe.Overrides."""
+    from dtcli.recipe import Overrides
+
+    return Overrides(tuple(sets or ()), mesh, devices, epochs)
+
+
 def _check_folders(**given: str | None) -> None:
     """An empty --out/--resume would silently mean the default (or the current folder)."""
     for name, value in given.items():
@@ -166,10 +176,7 @@ def train(
         recipe,
         out,
         resume,
-        sets or [],
-        mesh=mesh,
-        devices=devices,
-        epochs=epochs,
+        _overrides(sets, mesh, devices, epochs),
         chief=cluster is None or cluster.is_chief,
     )
     result = train_lib.train(
@@ -219,9 +226,7 @@ def launch(
         recipe,
         clients,
         devices_per_client,
-        sets=sets or [],
-        mesh=mesh,
-        epochs=epochs,
+        _overrides(sets, mesh, None, epochs),
         out=out,
         resume=resume,
         port=port,
@@ -247,7 +252,7 @@ def eval_(
     from dtcli import evaluate as evaluate_lib
 
     result = evaluate_lib.evaluate_path(
-        checkpoint, split, sets or [], mesh=mesh, devices=devices, batch_size=batch_size
+        checkpoint, split, _overrides(sets, mesh, devices), batch_size
     )
     if as_json:
         import json
@@ -327,7 +332,7 @@ def plan(
     from dtcli import plan as plan_lib
     from dtcli import recipe as recipe_lib
 
-    report = plan_lib.make_report(recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices))
+    report = plan_lib.make_report(recipe_lib.load(recipe, _overrides(sets, mesh, devices)))
     if as_json:
         import json
 
@@ -356,7 +361,7 @@ def config(
     if recipe is None and not schema:
         raise UsageError("RECIPE: give a recipe file (or --schema)")
     if recipe is not None:  # with --schema too: the recipe is checked against it first
-        loaded = recipe_lib.load(recipe, sets or [], mesh=mesh, devices=devices)
+        loaded = recipe_lib.load(recipe, _overrides(sets, mesh, devices))
     elif sets or mesh or devices:
         raise UsageError("--set, --mesh and --devices need a RECIPE")
     if schema:

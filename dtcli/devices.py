@@ -6,16 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dtcli.errors import UsageError
-
-# r23-merge: RUNTIME_ENV, check_runtime_env and set_runtime_env moved to tfruntime; re-exported
-# until their callers import tfruntime (dtcli/__init__, train; bench/lm_throughput.py).
-# import_tensorflow and quiet_native_logs are used here too (export, generate and
-# bench/make_tfrecords.py take them from devices today).
-from dtcli.tfruntime import RUNTIME_ENV as RUNTIME_ENV
-from dtcli.tfruntime import check_runtime_env as check_runtime_env
+from dtcli.errors import UsageError, one_line
 from dtcli.tfruntime import import_tensorflow, quiet_native_logs
-from dtcli.tfruntime import set_runtime_env as set_runtime_env
 
 if TYPE_CHECKING:
     from dtcli.cluster import Cluster
@@ -104,8 +96,9 @@ def _configure(tf: Any, parsed: DeviceSpec, spec: str, wanted: int | None, key: 
     try:
         dtensor.initialize_accelerator_system("TPU")
     except Exception as exc:  # noqa: BLE001 - TPU init raises many types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{key} = {spec!r}: could not start the TPU system ({first})") from None
+        raise UsageError(
+            f"{key} = {spec!r}: could not start the TPU system ({one_line(exc)})"
+        ) from None
     return Devices("TPU", len(tf.config.list_logical_devices("TPU")))
 
 
@@ -176,7 +169,7 @@ def _configure_client(
     except Exception as exc:  # noqa: BLE001 - the runtime raises many types
         raise UsageError(
             f"{cluster.where}: client {cluster.client_id} could not start DTensor's multi-client "
-            f"runtime on {cluster.address} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            f"runtime on {cluster.address} ({one_line(exc, named=True)})"
         ) from None
     if kind == "tpu":
         local = dtensor.num_local_devices("TPU")

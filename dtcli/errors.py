@@ -76,12 +76,16 @@ ONE_LINE_LIMIT = 300
 _FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
 
 
-def one_line(exc: BaseException, named: bool = False) -> str:
+def one_line(exc: BaseException, named: bool = False, text: str | None = None) -> str:
     """An exception as one line: the first line of its message (TensorFlow's `.message` where it
     has one, without the `{{function_node ...}}` framing), at most ONE_LINE_LIMIT characters; the
-    type's name when the message is empty. `named`: `TypeName: first line` (or `TypeName`)."""
-    text = _FUNCTION_NODE.sub("", getattr(exc, "message", None) or str(exc)).strip()
-    first = text.splitlines()[0][:ONE_LINE_LIMIT] if text else ""
+    type's name when the message is empty. `named`: `TypeName: first line` (or `TypeName`).
+    `text`: the part of the message that matters, where the caller knows better (a Keras layer's
+    wrapped error, a tf.data iterator's cause), rendered by the same rule."""
+    if text is None:
+        text = getattr(exc, "message", None) or str(exc)
+    lines = [line.strip() for line in _FUNCTION_NODE.sub("", text).splitlines() if line.strip()]
+    first = lines[0][:ONE_LINE_LIMIT] if lines else ""
     if not first:
         return type(exc).__name__
     return f"{type(exc).__name__}: {first}" if named else first

@@ -15,7 +15,7 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import recipe as recipe_lib
 from dtcli import storage
 from dtcli.errors import UsageError
-from dtcli.recipe import Recipe
+from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir import checkpoint_recipe, find_checkpoint
 
 __all__ = ["SPLITS", "checkpoint_recipe", "evaluate_checkpoint", "evaluate_path", "find_checkpoint"]
@@ -26,9 +26,7 @@ SPLITS = ("eval", "train")
 def evaluate_path(
     path: Path,
     split: str = "eval",
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    devices: str | None = None,
+    overrides: Overrides = NO_OVERRIDES,
     batch_size: int | None = None,
 ) -> dict[str, Any]:
     """`dtcli eval`: a checkpoint folder, or a run directory's newest intact checkpoint, on the
@@ -36,7 +34,7 @@ def evaluate_path(
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: expected eval or train")
     found = find_checkpoint(path)
-    recipe = checkpoint_recipe(found, sets, mesh=mesh, devices=devices, batch_size=batch_size)
+    recipe = checkpoint_recipe(found, overrides, batch_size)
     given = ckpt_lib.looks_like_checkpoint(storage.as_path(path))  # not a run directory
     newest = None if given else lambda: find_checkpoint(path)
     return evaluate_checkpoint(found, recipe, split, newest)
@@ -50,6 +48,7 @@ def evaluate_checkpoint(
     A run that is training removes its older checkpoints (train.keep), maybe the one found
     before the session was built: `newest()` (a run directory given) finds the newest again."""
     from dtcli import session as session_lib
+    from dtcli import steps as steps_lib
     from dtcli.mesh import mesh_text
 
     if split == "train":  # read as an eval split is: from the host, each example once
@@ -72,7 +71,7 @@ def evaluate_checkpoint(
                     "directory to evaluate its newest"
                 ) from None
             checkpoint = newest()
-    _, eval_step = session_lib.make_steps(session)
+    _, eval_step = steps_lib.make_steps(session)
     feed = session.eval_feed
     if split == "train":
         feed = session_lib.eval_feed(recipe, session.data.train, session.packer)

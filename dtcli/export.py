@@ -27,8 +27,7 @@ def export_path(path: Path, out: Path) -> Path:
 
 
 def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
-    from dtcli import devices as devices_lib
-    from dtcli import models, storage
+    from dtcli import models, storage, tfruntime
 
     if storage.is_remote(out):
         raise UsageError(
@@ -48,7 +47,7 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
             checkpoint, "meta.json lacks a valid input_shape/num_classes"
         ) from None
     # Plain variables on the host's first CPU: no mesh, so no device configuration either.
-    tf = devices_lib.import_tensorflow()
+    tf = tfruntime.import_tensorflow()
     with tf.device("/CPU:0"):
         model = models.build_plain(recipe.model, input_shape, num_classes)
         try:

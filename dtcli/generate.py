@@ -21,7 +21,7 @@ import numpy as np
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
-from dtcli.recipe import Recipe
+from dtcli.recipe import Overrides, Recipe
 
 # One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
 MAX_TOKENS = 1_000_000
@@ -55,7 +55,7 @@ def stream(
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
     check_options(tokens, temperature, top_k, prompt)
     found = rundir.find_checkpoint(storage.as_path(path))
-    recipe = rundir.checkpoint_recipe(found, mesh=mesh, devices=devices)
+    recipe = rundir.checkpoint_recipe(found, Overrides(mesh=mesh, devices=devices))
     if recipe.task != "language_model":
         raise UsageError(
             f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "
@@ -90,9 +90,9 @@ def stream(
 
 def _restored_session(found: Path, recipe: Recipe, use_devices: int | None) -> Any:
     """A session on the target mesh, without data, with the checkpoint restored into it."""
-    from dtcli import devices as devices_lib
+    from dtcli import tfruntime
 
-    devices_lib.import_tensorflow()  # without its native start-up notices
+    tfruntime.import_tensorflow()  # without its native start-up notices
     from dtcli import session as session_lib
     from dtcli.layout import layout_warnings
 

@@ -24,28 +24,19 @@ from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
-
-# The compiled steps live in steps.py. r23-merge: callers reach make_steps, train_block,
-# steps_per_call, epoch_steps and PER_STEP through session today (train.py, evaluate.py,
-# generate.py, doctor.py, bench/, tests); they may import them from steps.
 from dtcli.steps import PER_STEP, epoch_steps, make_steps, steps_per_call, train_block
 
 __all__ = [
-    "PER_STEP",
     "EpochState",
     "NonFiniteLoss",
     "Session",
-    "epoch_steps",
     "eval_feed",
     "evaluate",
     "flops_per_token",
-    "make_steps",
     "pack_all",
     "prepare",
     "run_epoch",
     "run_steps",
-    "steps_per_call",
-    "train_block",
 ]
 
 

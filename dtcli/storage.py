@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dtcli.errors import one_line
 from dtcli.tfruntime import import_tensorflow
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
@@ -53,16 +54,11 @@ def _g(name: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return getattr(tf.io.gfile, name)(*args, **kwargs)
     except tf.errors.NotFoundError as exc:
-        raise FileNotFoundError(errno.ENOENT, _reason(exc), str(args[0]) if args else "") from None
+        raise FileNotFoundError(errno.ENOENT, one_line(exc), str(args[0]) if args else "") from None
     except tf.errors.PermissionDeniedError as exc:
-        raise PermissionError(errno.EACCES, _reason(exc), str(args[0]) if args else "") from None
+        raise PermissionError(errno.EACCES, one_line(exc), str(args[0]) if args else "") from None
     except tf.errors.OpError as exc:
-        raise OSError(errno.EIO, _reason(exc), str(args[0]) if args else "") from None
-
-
-def _reason(exc: BaseException) -> str:
-    text = (getattr(exc, "message", None) or str(exc)).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+        raise OSError(errno.EIO, one_line(exc), str(args[0]) if args else "") from None
 
 
 class _File:
@@ -78,7 +74,7 @@ class _File:
         try:
             return getattr(self._f, name)(*args)
         except tf.errors.OpError as exc:
-            raise OSError(errno.EIO, _reason(exc), self._path) from None
+            raise OSError(errno.EIO, one_line(exc), self._path) from None
 
     def read(self, n: int = -1) -> Any:
         return self._wrap("read", n)

@@ -30,9 +30,7 @@ def tiny_recipe(tmp_text, sets=(), mesh="batch=1"):
 
     return R.load(
         ROOT / "recipes" / "tiny_gpt_tensor_parallel.yaml",
-        [f"data.path={tmp_text}", *TINY, *sets],
-        mesh=mesh,
-        devices="cpu:8",
+        R.Overrides((f"data.path={tmp_text}", *TINY, *sets), mesh=mesh, devices="cpu:8"),
     )
 
 

@@ -88,7 +88,7 @@ def train_20_steps(
         if mesh not in meshes_of(case):
             continue
         sets = [x for s in sets for x in (files[s[1:]] if s.startswith("@") else [s])]
-        recipe = R.load(ROOT / "recipes" / "quickstart.yaml", sets, mesh=mesh, devices="cpu:8")
+        recipe = R.load(ROOT / "recipes" / "quickstart.yaml", R.Overrides(sets, mesh, "cpu:8"))
         s = T.prepare(recipe, use_devices=use_devices)
         losses[case] = T.run_steps(s, 20)
         for path, value in models.host_weights(s.model, s.mesh).items():

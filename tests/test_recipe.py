@@ -339,25 +339,14 @@ def test_tfds_sources_without_the_tfds_extra_name_the_extra(monkeypatch):
     R.from_mapping(lm)  # a text file or the embedded default: no TFDS needed
 
 
-# The old keyword form of load: r23-merge: remove these cases with the shim in recipe.load.
 @pytest.mark.parametrize(
-    "keywords",
-    [
-        {},
-        {"sets": ["optimizer.learning_rate=3e-4", "data.batch_size=32"]},
-        {"mesh": "batch=8"},
-        {"mesh": "batch=-1,model=2", "devices": "cpu:8"},
-        {"sets": ["train.epochs=5"], "epochs": 2, "devices": "cpu:4"},
-    ],
+    "sets", [[], ["optimizer.learning_rate=3e-4", "data.batch_size=32"], ["train.epochs=5"]]
 )
-def test_overrides_apply_gives_the_recipe_the_keyword_form_gave(keywords):
+def test_load_takes_set_assignments_alone_or_as_overrides(sets):
     path = RECIPES / "quickstart.yaml"
-    rest = {k: v for k, v in keywords.items() if k != "sets"}
-    old = R.load(path, keywords.get("sets", []), **rest)
-    overrides = R.Overrides(**keywords)
-    assert R.load(path, overrides) == old
-    assert R.from_mapping(overrides.apply(R.read_raw(path))) == old
-    assert R.load(path, sets=keywords.get("sets", ()), **rest) == old
+    overrides = R.Overrides(sets=sets)
+    assert R.load(path, sets) == R.load(path, overrides)
+    assert R.from_mapping(overrides.apply(R.read_raw(path))) == R.load(path, overrides)
 
 
 def test_overrides_apply_in_the_order_the_options_were_always_applied():

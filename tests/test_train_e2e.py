@@ -481,9 +481,12 @@ def test_tfds_source_with_mock_data(tmp_path, cpu8):
 
     recipe = R.load(
         RECIPES / "mnist_core_mlp.yaml",
-        [f"data.data_dir={tmp_path}", "model.hidden=[32]", "train.epochs=1", "data.batch_size=32"],
-        mesh="batch=8",
-        devices="cpu:8",
+        R.Overrides(
+            (f"data.data_dir={tmp_path}", "model.hidden=[32]", "train.epochs=1")
+            + ("data.batch_size=32",),
+            mesh="batch=8",
+            devices="cpu:8",
+        ),
     )
     with mock_data(num_examples=64):
         result = T.train(recipe, out=tmp_path / "run", progress=False)

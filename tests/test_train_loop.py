@@ -12,6 +12,7 @@ from dtcli import models
 from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as R
 from dtcli import session as T
+from dtcli import steps as steps_lib
 
 # A 2-D mesh, so that both the batch split and the tensor-parallel layers are in the step.
 SETS = ["optimizer.name=adam", "optimizer.learning_rate=0.01", "data.batch_size=32"]
@@ -85,7 +86,7 @@ def test_a_non_finite_loss_inside_a_call_keeps_the_last_finite_weights(cpu8, pla
     poison(s, 5)  # the 6th step: the second call's second step
     state = T.EpochState(0)
     with pytest.raises(T.NonFiniteLoss) as caught:
-        T.run_epoch(s, T.make_steps(s)[0], state)
+        T.run_epoch(s, steps_lib.make_steps(s)[0], state)
     assert caught.value.step == 6 and np.isnan(caught.value.loss)
     # Step 5 was applied, step 6 and the rest of its call were not.
     assert int(s.optimizer.iterations.numpy()) == 5 and state.batch == 5
@@ -98,8 +99,8 @@ def test_a_non_finite_loss_inside_a_call_keeps_the_last_finite_weights(cpu8, pla
 def test_an_epoch_in_blocks_counts_every_example_once(cpu8):
     """An epoch of 1437 examples in batches of 32 (45 steps, the last padded) in calls of 4."""
     s = session(4)
-    state = T.run_epoch(s, T.make_steps(s)[0], T.EpochState(0))
-    assert state.batch == 45 == T.epoch_steps(s)
+    state = T.run_epoch(s, steps_lib.make_steps(s)[0], T.EpochState(0))
+    assert state.batch == 45 == steps_lib.epoch_steps(s)
     assert state.count == len(s.data.train) == 1437
     assert int(s.optimizer.iterations.numpy()) == 45
 
@@ -114,12 +115,12 @@ def test_a_run_resumed_mid_epoch_on_tfrecords_ends_equal(cpu8, digit_files, tmp_
     sets = [*digit_files["tfrecord"], "train.steps_per_epoch=10", "data.shuffle_buffer=200"]
     whole = session(4, sets)
     assert not whole.train_feed.in_memory
-    call = T.make_steps(whole)[0]
+    call = steps_lib.make_steps(whole)[0]
     for epoch in (0, 1):
         T.run_epoch(whole, call, T.EpochState(epoch))
 
     cut = session(4, sets)
-    call = T.make_steps(cut)[0]
+    call = steps_lib.make_steps(cut)[0]
     T.run_epoch(cut, call, T.EpochState(0))
     calls = []
     state = T.run_epoch(
@@ -132,7 +133,7 @@ def test_a_run_resumed_mid_epoch_on_tfrecords_ends_equal(cpu8, digit_files, tmp_
     resumed = session(4, sets)
     ckpt_lib.Checkpointer(tmp_path, resumed.checkpoint_objects(), keep=1).restore(saved)
     assert int(resumed.optimizer.iterations.numpy()) == 14
-    T.run_epoch(resumed, T.make_steps(resumed)[0], T.EpochState(1, batch=state.batch))
+    T.run_epoch(resumed, steps_lib.make_steps(resumed)[0], T.EpochState(1, batch=state.batch))
     assert int(resumed.optimizer.iterations.numpy()) == 20
     reference = weights(whole)
     for path, value in weights(resumed).items():
@@ -159,8 +160,8 @@ def test_weights_start_as_on_the_host_and_the_first_call_runs_one_step(cpu8):
         def after_call(self, last: int) -> None:
             pass
 
-    train_call, _ = T.make_steps(s)
-    steps = T.epoch_steps(s)  # 45: 1437 digits in batches of 32
+    train_call, _ = steps_lib.make_steps(s)
+    steps = steps_lib.epoch_steps(s)  # 45: 1437 digits in batches of 32
     for epoch in (0, 1):
         state = T.run_epoch(s, train_call, T.EpochState(epoch), profiler=Calls())
         assert state.batch == steps

@@ -18,7 +18,7 @@ from dtcli import data as D
 from dtcli import devices
 from dtcli import recipe as R
 from dtcli.errors import UsageError
-from dtcli.recipe import DataConfig, ModelConfig
+from dtcli.recipe import DataConfig, ModelConfig, data_checks
 
 
 def refused(fn, *args, match: str, **kwargs) -> str:
@@ -175,7 +175,7 @@ def test_data_counts(key, value, expected):
 
 
 def test_synthetic_data_larger_than_memory(monkeypatch):
-    monkeypatch.setattr(R, "_physical_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(data_checks, "_physical_memory", lambda: 16 * 2**30)
     raw = with_key("data.source", "synthetic")
     raw["data"].update(shape=[28, 28, 1], count=10_000_000, eval_count=1024)
     message = refused(
@@ -191,16 +191,16 @@ def test_synthetic_data_larger_than_memory(monkeypatch):
     raw["data"].update(shape=[1000], classes=10**8)
     refused(R.from_mapping, raw, match=r"^recipe key 'data.classes': 100000000 classes")
     # The same sizes fit a machine with enough memory; other sources make no synthetic data.
-    monkeypatch.setattr(R, "_physical_memory", lambda: 2**50)
+    monkeypatch.setattr(data_checks, "_physical_memory", lambda: 2**50)
     R.from_mapping(raw)
-    monkeypatch.setattr(R, "_physical_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(data_checks, "_physical_memory", lambda: 16 * 2**30)
     raw["data"].update(source="embedded", count=10**9)
     R.from_mapping(raw)
 
 
 @pytest.mark.parametrize("key", ["batch_size", "eval_batch_size"])
 def test_absurd_batch_is_refused(monkeypatch, key):
-    monkeypatch.setattr(R, "_physical_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(data_checks, "_physical_memory", lambda: 16 * 2**30)
     raw = with_key(f"data.{key}", 10**12)
     raw["data"].update(source="tfds", name="mnist")  # a training count unknown to the recipe
     refused(
@@ -356,7 +356,10 @@ def test_virtual_cpu_cap_in_a_recipe_and_through_the_mesh():
         mesh="batch=128",
         match=r"^recipe key 'mesh': batch=128,model=1 asks for 128 devices",
     )
-    assert R.load(RECIPES / "quickstart.yaml", mesh="batch=64").mesh == {"batch": 64, "model": 1}
+    assert R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="batch=64")).mesh == {
+        "batch": 64,
+        "model": 1,
+    }
 
 
 # --------------------------------------------------------------------------- data
@@ -680,8 +683,8 @@ def test_a_batch_the_data_axis_does_not_divide_is_refused_at_load(mesh, devices,
 
 def test_a_batch_on_a_mesh_whose_data_axis_size_needs_the_devices_loads():
     # -1 with no device count: the devices decide, later; 8 devices and model=2: batch=4.
-    R.load(RECIPES / "quickstart.yaml", [], mesh="batch=-1,model=2", devices="cpu")
-    R.load(RECIPES / "quickstart.yaml", [], mesh="batch=-1,model=2", devices="cpu:8")
+    R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="batch=-1,model=2", devices="cpu"))
+    R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="batch=-1,model=2", devices="cpu:8"))
 
 
 def test_a_build_function_returning_a_keras_3_model_gets_a_hint(cpu8, tmp_path):

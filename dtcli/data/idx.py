@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from dtcli.data.base import Dataset, Split, ranges, scale, shaped
-from dtcli.errors import UsageError
+from dtcli.errors import UsageError, one_line
 from dtcli.recipe import DataConfig
 
 # What reading a missing, unreadable, corrupt or truncated (gzipped) file raises.
@@ -33,8 +33,7 @@ def _unreadable(path: Path, exc: BaseException) -> UsageError:
     if isinstance(exc, OSError) and exc.strerror:
         why = exc.strerror
     else:
-        text = str(exc).strip()
-        why = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+        why = one_line(exc, named=True)
     if isinstance(exc, EOFError):
         why = "the compressed file is truncated"
     return UsageError(f"recipe key 'data.path': cannot read {path} ({why})")

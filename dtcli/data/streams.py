@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dtcli.data.base import Stream
-from dtcli.errors import UsageError
+from dtcli.errors import UsageError, one_line
 
 # A source's `examples`: (stream, seed, epoch, shuffle, group, groups) -> tf.data.Dataset.
 Examples = Callable[[Stream, int, int, bool, int, int], Any]
@@ -57,12 +57,8 @@ def as_model_input(x: Any, y: Any, stream: Stream) -> tuple[Any, Any]:
 def op_error_text(exc: BaseException) -> str:
     """The cause in a TensorFlow op error, without the function and iterator names around it."""
     text = getattr(exc, "message", None) or str(exc)
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     cause = re.search(r"with iterator: Iterator::\S+?: (.*)", text, re.S)
-    if cause:
-        text = cause.group(1)
-    text = text.strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    return one_line(exc, text=cause.group(1) if cause else text)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import numpy as np
 
 from dtcli.data import tfds as tfds_source
 from dtcli.data.base import Dataset, TextSplit
-from dtcli.errors import UsageError
+from dtcli.errors import UsageError, one_line
 from dtcli.recipe import BYTE_VOCAB, DataConfig
 
 
@@ -130,7 +130,7 @@ def _tfds_text(cfg: DataConfig, context: int) -> Dataset:
         except Exception as exc:  # noqa: BLE001 - TFDS/tf.data read errors, in one line
             raise UsageError(
                 f"recipe key 'data.{key}': reading TFDS {cfg.name!r} {split!r} failed "
-                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+                f"({one_line(exc, named=True)})"
             ) from None
         return np.frombuffer(b"".join(chunks), np.uint8)
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from dtcli.data import streams
 from dtcli.data.base import Dataset, Stream, empty_like, model_shape
-from dtcli.errors import UsageError
+from dtcli.errors import UsageError, one_line
 from dtcli.recipe import DataConfig
 
 
@@ -63,7 +63,7 @@ def download(builder: Any, cfg: DataConfig) -> None:
         except Exception as exc:  # TFDS raises many kinds; any of them means "not prepared"
             raise UsageError(
                 f"recipe key 'data.download': preparing TFDS {cfg.name!r} failed "
-                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+                f"({one_line(exc, named=True)})"
             ) from None
 
 
@@ -87,7 +87,7 @@ def records(cfg: DataConfig, split: str, key: str, supervised: bool = True) -> A
             "--data_dir DIR`) and set data.data_dir=DIR, or --set data.download=true"
         ) from None
     except (ValueError, KeyError) as exc:
-        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        text = one_line(exc)
         raise UsageError(
             f"recipe key 'data.{key}': {split!r} is not a valid split ({text})"
         ) from None

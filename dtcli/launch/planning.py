@@ -3,6 +3,7 @@ directory, each client's `dtcli train` arguments), checked without TensorFlow.""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,7 @@ def plan(
     recipe: Path | None,
     clients: int,
     devices_per_client: str | None = None,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    epochs: int | None = None,
+    overrides: recipe_lib.Overrides = recipe_lib.NO_OVERRIDES,
     out: Path | None = None,
     resume: Path | None = None,
     port: int | None = None,
@@ -50,7 +49,7 @@ def plan(
                 f"{arg} {str(value)!r}: ram:// lives inside one process, and launch starts "
                 "several; give a folder or a shared file system (gs://...)"
             )
-    loaded = rundir.command_recipe(recipe, out, resume, sets, mesh=mesh, epochs=epochs)
+    loaded = rundir.command_recipe(recipe, out, resume, overrides)
     if resume is not None:
         rundir.require_intact(storage.as_path(resume), "--resume", "to resume from", quiet)
         run_dir = storage.as_path(resume)
@@ -63,14 +62,7 @@ def plan(
         train_args += ["--resume", str(run_dir)]
     else:
         train_args += [str(recipe), "--out", str(run_dir)]
-    for assignment in sets:
-        train_args += ["--set", assignment]
-    if mesh is not None:
-        train_args += ["--mesh", mesh]
-    if epochs is not None:
-        train_args += ["--epochs", str(epochs)]
-    if devices is not None:
-        train_args += ["--devices", devices]
+    train_args += dataclasses.replace(overrides, devices=devices).to_argv()
     train_args += ["--grace-period", f"{grace:g}"]
     return LaunchPlan(
         clients,

@@ -42,8 +42,6 @@ __all__ = [
 
 describe_keras = keras.describe
 describe_core = core.weights
-# r23-merge: bench/lm_throughput.py uses the old private name; make it models.keras.keras_variables.
-_keras_variables = keras.keras_variables
 
 
 def _kind(cfg: ModelConfig) -> ModuleType:

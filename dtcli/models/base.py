@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dtcli.errors import one_line
 from dtcli.layout import WeightInfo
 
 
@@ -29,26 +30,28 @@ class Built:
 _KERAS_CALL = re.compile(r"Exception encountered when calling layer ['\"]([^'\"]*)['\"]")
 
 
-def message_line(exc: BaseException) -> str:
-    """The first line of an exception's message (the type's name when it has none).
-
-    Keras wraps errors raised in a layer's call as "Exception encountered when calling layer 'x'
-    ...", the cause on a later line: that line is kept, with the layer's name."""
+def _keras_cause(exc: BaseException) -> str:
+    """An exception's message, without the wrapping Keras adds to errors raised in a layer's
+    call ("Exception encountered when calling layer 'x' ...", the cause on a later line): the
+    cause, with the layer's name."""
     text = str(exc)
     if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
         text = exc.args[0]  # str(KeyError) is the repr of its message
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    where = ""
     wrapped = _KERAS_CALL.match(lines[0]) if lines else None
     if wrapped and len(lines) > 1:
-        where = f" (in layer '{wrapped.group(1)}')"
-        lines = lines[1:]
-    return f"{lines[0]}{where}" if lines else type(exc).__name__
+        return f"{lines[1]} (in layer '{wrapped.group(1)}')"
+    return text
+
+
+def message_line(exc: BaseException) -> str:
+    """The first line of an exception's message (errors.one_line) as Keras raised it."""
+    return one_line(exc, text=_keras_cause(exc))
 
 
 def first_line(exc: BaseException) -> str:
-    """`TypeName: first line of the message`, for one-line errors."""
-    return f"{type(exc).__name__}: {message_line(exc)}"
+    """`TypeName: first line of the message`, for one-line errors (errors.one_line)."""
+    return one_line(exc, named=True, text=_keras_cause(exc))
 
 
 def with_article(noun: str) -> str:

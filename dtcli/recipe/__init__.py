@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,9 @@ from dtcli.recipe.configs import (
     TrainConfig,
     TransformerConfig,
 )
-from dtcli.recipe.data_checks import _physical_memory, tfds_installed
+from dtcli.recipe.data_checks import tfds_installed
 from dtcli.recipe.files import load_yaml, read_raw
-from dtcli.recipe.overrides import Overrides, apply_set, parse_mesh_arg
+from dtcli.recipe.overrides import NO_OVERRIDES, Overrides, apply_set, parse_mesh_arg
 from dtcli.recipe.typed import build, plain, schema
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "LayoutConfig",
     "ModelConfig",
     "OptimizerConfig",
+    "NO_OVERRIDES",
     "Overrides",
     "Recipe",
     "TrainConfig",
@@ -65,45 +67,20 @@ __all__ = [
     "schema",
     "tfds_installed",
     "to_mapping",
-    "_physical_memory",  # r23-merge: remove (see data_checks._host_memory)
 ]
 
 
-def load(
-    path: str | Path | dict,
-    overrides: Overrides | list[str] | tuple[str, ...] | None = None,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    devices: str | None = None,
-    epochs: int | None = None,
-) -> Recipe:
-    """Load a recipe (a file, or a raw mapping), apply command-line overrides, validate it all.
-
-    The raw mapping given is not changed."""
-    if not isinstance(overrides, Overrides):  # r23-merge: remove with _keyword_overrides
-        overrides = _keyword_overrides(overrides, sets, mesh, devices, epochs)
-    elif sets or mesh is not None or devices is not None or epochs is not None:
-        raise TypeError("load: give the overrides as Overrides, or as keywords, not both")
+def load(path: str | Path | dict, overrides: Overrides | Sequence[str] | None = None) -> Recipe:
+    """Load a recipe (a file, or a raw mapping), apply command-line overrides (an Overrides, or
+    just --set assignments), validate it all. The raw mapping given is not changed."""
+    if not isinstance(overrides, Overrides):
+        overrides = Overrides(tuple(overrides or ()))
     raw = overrides.apply(path if isinstance(path, dict) else read_raw(path))
     model = raw.get("model")
     if not isinstance(path, dict) and isinstance(model, dict) and model.get("build"):
         # A --set model.build=... names a module next to the recipe given.
         model.setdefault("build_path", str(storage.as_path(path).resolve().parent))
     return from_mapping(raw)
-
-
-def _keyword_overrides(
-    positional: list[str] | tuple[str, ...] | None,
-    sets: list[str] | tuple[str, ...],
-    mesh: str | None,
-    devices: str | None,
-    epochs: int | None,
-) -> Overrides:
-    """r23-merge: remove once every caller passes an Overrides. The form load had before:
-    `load(path, sets, mesh=, devices=, epochs=)`, the --set list second or as `sets=`."""
-    if positional is not None and sets:
-        raise TypeError("load: --set assignments given twice (second argument and sets=)")
-    return Overrides(tuple(positional or sets), mesh, devices, epochs)
 
 
 def from_mapping(raw: dict | None) -> Recipe:

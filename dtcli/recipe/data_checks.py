@@ -32,14 +32,6 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _host_memory() -> int | None:
-    # r23-merge: remove, and call _physical_memory() directly, once tests/test_validation.py
-    # patches dtcli.recipe.data_checks._physical_memory instead of dtcli.recipe._physical_memory.
-    from dtcli import recipe as package
-
-    return package._physical_memory()
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -145,7 +137,7 @@ def _check_reading(d: DataConfig) -> None:
 
 def _check_host_memory(d: DataConfig) -> None:
     """Sizes that would not fit in half of this machine's memory (skipped where it is unknown)."""
-    memory = _host_memory()
+    memory = _physical_memory()
     if not memory:
         return
     if d.source == "synthetic":

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from dtcli import storage
-from dtcli.errors import UsageError
+from dtcli.errors import UsageError, one_line
 
 
 class DuplicateKey(Exception):
@@ -95,7 +95,7 @@ def _read_file(p: Any) -> dict:
     except yaml.YAMLError as exc:
         raise UsageError(f"recipe {str(p)!r}: not valid YAML{yaml_reason(exc, text)}") from None
     except (ValueError, OverflowError) as exc:  # a scalar YAML resolves but cannot build
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = one_line(exc)
         raise UsageError(f"recipe {str(p)!r}: not valid YAML ({first})") from None
     if raw is None:
         raise UsageError(

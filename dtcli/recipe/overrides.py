@@ -64,6 +64,10 @@ class Overrides:
         return argv
 
 
+# No overrides: the recipe as written (a default argument: Overrides is frozen).
+NO_OVERRIDES = Overrides()
+
+
 def _set_epochs(raw: dict, epochs: int) -> None:
     raw.setdefault("train", {})
     if not isinstance(raw["train"], dict):

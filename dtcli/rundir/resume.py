@@ -3,6 +3,7 @@ that may not change what its checkpoints depend on; and the recipe stored with a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import recipe as recipe_lib
 from dtcli import storage
 from dtcli.errors import UsageError
-from dtcli.recipe import Recipe
+from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir.files import RECIPE, reachable
 from dtcli.rundir.lock import held_by, held_error
 
@@ -31,10 +32,7 @@ def command_recipe(
     recipe: str | Path | None,
     out: str | Path | None,
     resume: str | Path | None,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    devices: str | None = None,
-    epochs: int | None = None,
+    overrides: Overrides = NO_OVERRIDES,
     chief: bool = True,
 ) -> Recipe:
     """The recipe `dtcli train` and `dtcli launch` run: RECIPE's, or with `--resume RUN_DIR` the
@@ -45,10 +43,10 @@ def command_recipe(
                 "--resume RUN_DIR takes its recipe and folder from the run: "
                 "give no RECIPE and no --out"
             )
-        return resume_recipe(resume, sets, mesh=mesh, devices=devices, epochs=epochs, chief=chief)
+        return resume_recipe(resume, overrides, chief=chief)
     if recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
-    return recipe_lib.load(recipe, sets, mesh=mesh, devices=devices, epochs=epochs)
+    return recipe_lib.load(recipe, overrides)
 
 
 def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:
@@ -73,19 +71,14 @@ def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True)
 
 
 def resume_recipe(
-    run_dir: str | Path,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    devices: str | None = None,
-    epochs: int | None = None,
-    chief: bool = True,
+    run_dir: str | Path, overrides: Overrides = NO_OVERRIDES, chief: bool = True
 ) -> Recipe:
     """The recipe a run was written with, with command-line overrides (for --resume).
 
     `chief`: False for clients 1.. of a multi-client run, which read the run client 0 holds."""
     path = read_recipe_text(run_dir, check_lock=chief)
     before = recipe_lib.load(path)
-    after = recipe_lib.load(path, sets, mesh=mesh, devices=devices, epochs=epochs)
+    after = recipe_lib.load(path, overrides)
     for key, value in FIXED_ON_RESUME.items():
         if value(before) != value(after):
             raise UsageError(
@@ -112,22 +105,18 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
 
 
 def checkpoint_recipe(
-    checkpoint: Path,
-    sets: list[str] | tuple[str, ...] = (),
-    mesh: str | None = None,
-    devices: str | None = None,
-    batch_size: int | None = None,
+    checkpoint: Path, overrides: Overrides = NO_OVERRIDES, batch_size: int | None = None
 ) -> Recipe:
     """The recipe stored with a checkpoint, with command-line overrides."""
     raw = ckpt_lib.read_meta(checkpoint)["recipe"]
     if not isinstance(raw, dict):
         raise ckpt_lib.DamagedCheckpoint(checkpoint, "its recipe is not a mapping")
-    sets = list(sets)
     if batch_size is not None:
         if batch_size < 1:
             raise UsageError(f"--batch-size {batch_size}: expected a positive integer")
-        sets.append(f"data.eval_batch_size={batch_size}")
+        sets = (*overrides.sets, f"data.eval_batch_size={batch_size}")
+        overrides = dataclasses.replace(overrides, sets=sets)
     try:
-        return recipe_lib.load(raw, sets, mesh=mesh, devices=devices)
+        return recipe_lib.load(raw, overrides)
     except UsageError as exc:
         raise UsageError(f"{exc} (recipe stored with {checkpoint})") from None

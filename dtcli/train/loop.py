@@ -19,12 +19,12 @@ from dtcli.session import (
     EpochState,
     NonFiniteLoss,
     Session,
-    epoch_steps,
     evaluate,
     flops_per_token,
     pack_all,
     run_epoch,
 )
+from dtcli.steps import epoch_steps
 from dtcli.train.console import epoch_line, resume_command
 
 

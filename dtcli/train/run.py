@@ -22,10 +22,11 @@ from dtcli import cluster as cluster_lib
 from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir, runlog, storage
+from dtcli import rundir, runlog, storage, tfruntime
 from dtcli.errors import TrainingError, UsageError, one_line, printed
 from dtcli.recipe import Recipe
-from dtcli.session import EpochState, Session, make_steps, prepare
+from dtcli.session import EpochState, Session, prepare
+from dtcli.steps import make_steps
 from dtcli.train.console import header, nothing_to_train, profile_report, summary
 from dtcli.train.loop import Checkpointer, EpochLoop, NoWriter, Writer
 from dtcli.train.signals import (
@@ -90,7 +91,7 @@ def train(
     from rich.console import Console
 
     with SigtermOutsideTheLoop() as early:
-        devices_lib.check_runtime_env()
+        tfruntime.check_runtime_env()
         # soft_wrap: logs piped to a file keep one line per message
         console = console or runlog.LoggedConsole(stderr=True, soft_wrap=True)
         chief = cluster is None or cluster.is_chief
