@@ -214,7 +214,7 @@ def test_absurd_batch_is_refused(monkeypatch, key):
 
 
 def test_unknown_memory_skips_the_memory_checks(monkeypatch):
-    monkeypatch.setattr(R, "_physical_memory", lambda: None)
+    monkeypatch.setattr(data_checks, "_physical_memory", lambda: None)
     raw = with_key("data.batch_size", 10**12)
     raw["data"].update(source="tfds", name="mnist")
     R.from_mapping(raw)
@@ -353,7 +353,7 @@ def test_virtual_cpu_cap_in_a_recipe_and_through_the_mesh():
     refused(
         R.load,
         RECIPES / "quickstart.yaml",
-        mesh="batch=128",
+        R.Overrides(mesh="batch=128"),
         match=r"^recipe key 'mesh': batch=128,model=1 asks for 128 devices",
     )
     assert R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="batch=64")).mesh == {
@@ -674,9 +674,7 @@ def test_a_batch_the_data_axis_does_not_divide_is_refused_at_load(mesh, devices,
     refused(
         R.load,
         RECIPES / "quickstart.yaml",
-        sets,
-        mesh=mesh,
-        devices=devices,
+        R.Overrides(sets, mesh, devices),
         match=r"^recipe key " + expected,
     )
 
