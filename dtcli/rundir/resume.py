@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
+from dtcli import optimizers, storage
 from dtcli import recipe as recipe_lib
-from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir.files import RECIPE, reachable
@@ -18,12 +18,12 @@ from dtcli.rundir.lock import held_by, held_error
 
 # What a checkpoint's state depends on: a resume may not change it. The mesh, devices, layouts,
 # data, optimizer hyperparameters and schedule may change and take effect from the resumed step.
-# (SGD with and without momentum keep different optimizer slots.)
 FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
     "seed": lambda r: r.seed,
     "model": lambda r: r.model,
     "optimizer.name": lambda r: r.optimizer.name,
-    "optimizer.momentum": lambda r: r.optimizer.name == "sgd" and r.optimizer.momentum != 0,
+    # Checked after the name: with the same optimizer, only SGD's momentum changes the slots.
+    "optimizer.momentum": lambda r: optimizers.slots(r.optimizer),
     "data.batch_size": lambda r: r.data.batch_size,
 }
 
