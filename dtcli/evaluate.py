@@ -17,10 +17,32 @@ from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir import checkpoint_recipe, find_checkpoint
+from dtcli.tables import Column, print_table
 
-__all__ = ["SPLITS", "checkpoint_recipe", "evaluate_checkpoint", "evaluate_path", "find_checkpoint"]
+__all__ = [
+    "SPLITS",
+    "checkpoint_recipe",
+    "evaluate_checkpoint",
+    "evaluate_path",
+    "find_checkpoint",
+    "render",
+]
 
 SPLITS = ("eval", "train")
+# What `dtcli eval` prints, in this order (examples for classifiers, tokens and perplexity for
+# language models).
+SHOWN = (
+    "split",
+    "examples",
+    "tokens",
+    "loss",
+    "perplexity",
+    "accuracy",
+    "mesh",
+    "devices",
+    "trained_on_mesh",
+    "step",
+)
 
 
 def evaluate_path(
@@ -85,3 +107,15 @@ def evaluate_checkpoint(
         "devices": session.devices.text,
         "trained_on_mesh": mesh_text(meta["mesh"]),
     }
+
+
+def render(result: dict[str, Any], console: Any) -> None:
+    """The checkpoint's path on a line of its own (a path is never broken), then one row per
+    figure (dtcli.tables: at a terminal a table that fits, in a pipe plain rows)."""
+    console.print(result["checkpoint"], markup=False, highlight=False, soft_wrap=True)
+    rows = [
+        (key, f"{result[key]:.6f}" if isinstance(result[key], float) else str(result[key]))
+        for key in SHOWN
+        if key in result
+    ]
+    print_table(console, (Column("figure", kind="name"), Column("value")), rows)

@@ -180,3 +180,85 @@ def test_one_line_and_printed_render_an_exception_as_one_line():
     assert printed(stopped) == (
         "interrupted; saved r/checkpoints/ckpt-1; resume with: dtcli train --resume r"
     )
+
+
+# --------------------------------------------------------------------------- the command line's own
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["train", QUICK, "--epochs", "abc"], "error: --epochs 'abc': expected an integer"),
+        (
+            ["train", QUICK, "--grace-period", "soon"],
+            "error: --grace-period 'soon': expected a number",
+        ),
+        (
+            ["train", QUICK, "--connect-timeout", "x"],
+            "error: --connect-timeout 'x': expected a number",
+        ),
+        (["launch", QUICK, "--clients", "two"], "error: --clients 'two': expected an integer"),
+        (
+            ["launch", QUICK, "--clients", "2", "--port", "p"],
+            "error: --port 'p': expected an integer",
+        ),
+        (["generate", "run", "--tokens", "many"], "error: --tokens 'many': expected an integer"),
+        (["eval", "run", "--batch-size", "1.5"], "error: --batch-size '1.5': expected an integer"),
+        (["--show-completion", "tcsh"], "error: --show-completion 'tcsh': expected bash, zsh"),
+    ],
+)
+def test_a_value_an_option_refuses_gets_dtcli_wording(args, line, tmp_path, cli):
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2, result.err
+    assert len(result.err_lines) == 1 and result.err_lines[0].startswith(line), result.err
+    assert list(tmp_path.iterdir()) == []
+
+
+COMMANDS = [[], ["train"], ["launch"], ["eval"], ["generate"], ["export"], ["plan"], ["config"]]
+COMMANDS += [["doctor"], ["plot"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "dtcli" for c in COMMANDS])
+def test_h_is_help_and_help_shows_no_bool_placeholder(command, cli):
+    short, long = cli(*command, "-h"), cli(*command, "--help")
+    assert short.code == long.code == 0, short.err
+    assert short.out == long.out and "Usage: dtcli" in short.out
+    assert "<bool>" not in long.out
+
+
+@pytest.mark.parametrize("shell, mark", [("zsh", "#compdef dtcli"), ("bash", "complete -o")])
+def test_show_completion_prints_the_shell_asked_for(shell, mark, cli):
+    result = cli("--show-completion", shell)
+    assert result.code == 0, result.err
+    assert mark in result.out and "_DTCLI_COMPLETE" in result.out
+
+
+def test_config_refuses_what_train_refuses_before_devices(tmp_path, cli):
+    mismatch = ("--mesh", "batch=4,model=4", "--devices", "cpu:8")
+    trained = cli("train", QUICK, *mismatch, "--out", tmp_path / "run")
+    configured = cli("config", QUICK, *mismatch)
+    assert trained.code == configured.code == 2, configured.out
+    assert configured.err_lines == trained.err_lines
+    assert "axis sizes multiply to 16, but there are 8 devices" in configured.err
+    assert configured.out == "" and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", [["plan", QUICK], ["config", QUICK]])
+def test_a_closed_pipe_ends_quietly_with_exit_0(command):
+    """`dtcli plan RECIPE | head -1`: the reader is gone before dtcli writes a byte."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtcli.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env(),
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert err == ""

@@ -86,3 +86,42 @@ def test_doctor_keeps_dtensor_names_whole_at_80_columns():
     out = text.getvalue()
     assert "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION" in out
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+EVAL_RESULT = {
+    "checkpoint": "/home/someone/projects/dtcli/runs/tiny_gpt-20250101-120000/checkpoints/"
+    "ckpt-00000400",
+    "split": "eval",
+    "tokens": 123904,
+    "loss": 1.234567891,
+    "perplexity": 3.4368,
+    "mesh": "batch=4,model=2",
+    "devices": "cpu:8",
+    "trained_on_mesh": "batch=8",
+    "step": 400,
+}
+
+
+def test_eval_keeps_the_checkpoint_path_whole_on_a_line_of_its_own():
+    from dtcli.evaluate import render
+
+    console, text = terminal(80)
+    render(EVAL_RESULT, console)
+    lines = text.getvalue().splitlines()
+    assert lines[0] == EVAL_RESULT["checkpoint"]  # longer than 80: the terminal folds it
+    assert max(len(line) for line in lines[1:]) <= 80
+    assert any("perplexity" in line and "3.436800" in line for line in lines)
+
+
+def test_eval_piped_is_plain_and_complete():
+    from dtcli.evaluate import render
+
+    text = io.StringIO()
+    render(EVAL_RESULT, Console(file=text, width=40))
+    lines = text.getvalue().splitlines()
+    assert lines[0] == EVAL_RESULT["checkpoint"]
+    assert lines[1].split() == ["figure", "value"]
+    rows = [line.split() for line in lines[2:]]
+    assert rows[0] == ["split", "eval"] and ["loss", "1.234568"] in rows
+    assert ["trained_on_mesh", "batch=8"] in rows and ["step", "400"] in rows
+    assert len(rows) == 8 and not any("─" in line or "│" in line for line in lines)

@@ -23,7 +23,7 @@ import yaml
 
 from dtcli import storage
 from dtcli.mesh import UNSHARDED
-from dtcli.recipe.checks import check
+from dtcli.recipe.checks import check, check_mesh_on_devices
 from dtcli.recipe.configs import (
     BYTE_VOCAB,
     STEPS_PER_CALL,
@@ -56,6 +56,7 @@ __all__ = [
     "TrainConfig",
     "TransformerConfig",
     "apply_set",
+    "check_mesh_on_devices",
     "dump",
     "fingerprint",
     "from_mapping",

@@ -12,7 +12,7 @@ import re
 from dtcli import devices as devices_lib
 from dtcli.devices import MAX_VIRTUAL_CPUS
 from dtcli.errors import UsageError
-from dtcli.mesh import UNSHARDED, check_batch, mesh_text
+from dtcli.mesh import UNSHARDED, check_batch, mesh_text, resolve_axes
 from dtcli.recipe.configs import (
     LayoutConfig,
     ModelConfig,
@@ -129,6 +129,19 @@ def _check_batch_on_mesh(recipe: Recipe) -> None:
         batch = getattr(recipe.data, key)
         if batch:
             check_batch(axes, axis, batch, f"data.{key}")
+
+
+def check_mesh_on_devices(recipe: Recipe) -> None:
+    """The mesh against the device count its spec fixes without asking the machine (cpu:N,
+    gpu:N; `cpu` makes as many as the mesh asks for, one when an axis is -1): what `train`
+    refuses once its devices are configured, `config` refuses before. Not part of `check`: a
+    session may build a recipe's mesh over fewer devices (`use_devices`, as doctor does)."""
+    spec = devices_lib.parse(recipe.devices)
+    count = spec.count
+    if count is None and spec.kind == "cpu":
+        count = 1 if -1 in recipe.mesh.values() else math.prod(recipe.mesh.values())
+    if count is not None:
+        resolve_axes(recipe.mesh, count)
 
 
 def _check_model(m: ModelConfig) -> None:
