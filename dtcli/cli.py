@@ -13,26 +13,12 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
 
+from dtcli import terminal
 from dtcli.errors import INTERRUPTED_EXIT, Preempted, Stopped, TrainingError, UsageError, printed
 
-
-class _ClosedPipe(Exception):
-    """stdout's reader went away (a BrokenPipeError), carried past Click, which turns that into
-    exit 1; run() ends quietly with 0."""
-
-
-class _Group(TyperGroup):
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError as exc:
-            raise _ClosedPipe from exc
-
-
 app = typer.Typer(
-    cls=_Group,
+    cls=terminal.Group,
     help="Train neural networks on TensorFlow DTensor meshes from a YAML recipe.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -42,54 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 DEBUG_ENV = "DTCLI_DEBUG"
-SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
-COMPLETION_OPTIONS = ("--install-completion", "--show-completion")
-AUTO_SHELL = "auto"  # what a completion option given no SHELL gets (see run)
-
-
-def _flags_without_placeholder() -> None:
-    """Typer's help panels show `<bool>` beside every flag (--help included), which takes no
-    value: show nothing there, as Click's plain help does."""
-    from typer.core import TyperOption
-
-    shown = TyperOption.display_type_rich
-    if getattr(shown, "dtcli", False):
-        return
-
-    def display_type_rich(self: Any, ctx: Any) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
-
-    display_type_rich.dtcli = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich
-
-
-_flags_without_placeholder()
-
-
-def _completion(ctx: Any, param: Any, value: str | None) -> None:
-    """--show-completion [SHELL] prints SHELL's completion script, --install-completion [SHELL]
-    installs it (no SHELL: the current one)."""
-    if value is None or ctx.resilient_parsing:
-        return
-    from typer import completion as typer_completion
-
-    option = param.opts[0]
-    shell = value.strip().lower()
-    if shell == AUTO_SHELL:
-        shell = typer_completion._get_shell_name() or ""
-        if shell not in SHELLS:
-            raise UsageError(f"{option}: could not tell the current shell; name it: {option} zsh")
-    elif shell not in SHELLS:
-        raise UsageError(f"{option} {value!r}: expected {', '.join(SHELLS)} (or nothing)")
-    typer_completion.completion_init()
-    var = "_DTCLI_COMPLETE"
-    if option == "--show-completion":
-        script = typer_completion.get_completion_script
-        print(script(prog_name="dtcli", complete_var=var, shell=shell))
-    else:
-        shell, path = typer_completion.install(shell=shell, prog_name="dtcli", complete_var=var)
-        print(f"{shell} completion installed in {path}; it takes effect in a new terminal")
-    raise typer.Exit(0)
+terminal.flags_without_placeholder()
 
 
 def _print_version(value: bool) -> None:
@@ -129,7 +68,7 @@ def _options(
         None,
         "--install-completion",
         metavar="[SHELL]",
-        callback=_completion,
+        callback=terminal.completion,
         is_eager=True,
         expose_value=False,
         help="Install completion for SHELL (bash, zsh, fish, powershell; default: this one).",
@@ -138,7 +77,7 @@ def _options(
         None,
         "--show-completion",
         metavar="[SHELL]",
-        callback=_completion,
+        callback=terminal.completion,
         is_eager=True,
         expose_value=False,
         help="Print SHELL's completion script (default: this shell's), to copy or customize.",
@@ -490,17 +429,6 @@ def plot(
         print(path)
 
 
-def _quiet_python_warnings() -> None:
-    """Library warnings (tf-keras, TensorFlow's Python logger) are for --debug; the user sees
-    dtcli's own lines."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run one command line in this process and return its exit code (main() exits with it).
 
@@ -519,12 +447,12 @@ def run(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0") or "--debug" in args
-    args = _completion_shells([a for a in args if a != "--debug"])
+    args = terminal.completion_shells([a for a in args if a != "--debug"])
     if debug:
         # TensorFlow is not imported yet: its native errors and warnings are shown too.
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
     else:
-        _quiet_python_warnings()
+        terminal.quiet_python_warnings()
 
     def fail(line: str, code: int) -> int:
         if debug:
@@ -538,7 +466,7 @@ def run(argv: list[str] | None = None) -> int:
         app(["--help"], standalone_mode=False, prog_name="dtcli")
         return 2
     except ArgumentError as exc:  # unknown option, missing argument, bad value
-        return fail("error: " + _usage_line(exc), exc.exit_code)
+        return fail("error: " + terminal.usage_line(exc), exc.exit_code)
     except (UsageError, TrainingError) as exc:
         return fail(printed(exc), exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside training's own handling
@@ -546,8 +474,8 @@ def run(argv: list[str] | None = None) -> int:
     except (Stopped, Preempted) as exc:  # Ctrl-C or SIGTERM that saved what it could: no error
         print(printed(exc), file=sys.stderr)
         return exc.exit_code
-    except (BrokenPipeError, _ClosedPipe):  # `dtcli plan ... | head -3`: the reader is done
-        _stdout_to_devnull()
+    except (BrokenPipeError, terminal.ClosedPipe):  # `dtcli plan ... | head -3`: the reader is done
+        terminal.stdout_to_devnull()
         return 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -556,49 +484,13 @@ def run(argv: list[str] | None = None) -> int:
     return code if isinstance(code, int) else 0
 
 
-def _usage_line(exc: Exception) -> str:
-    """Click's usage error as one line; a value an option's type refuses (`--epochs abc`) in
-    dtcli's words: the option, the value, what was expected."""
-    param, cause = getattr(exc, "param", None), exc.__cause__
-    errors = cause.errors() if hasattr(cause, "errors") else []
-    if param is not None and getattr(param, "opts", None) and errors:
-        expected = {"int": "an integer", "float": "a number"}.get(errors[0]["type"].split("_")[0])
-        if expected is not None:
-            name = max(param.opts, key=len)
-            return f"{name} {str(errors[0].get('input'))!r}: expected {expected}"
-    return exc.format_message().replace("\n", " ")
-
-
-def _completion_shells(args: list[str]) -> list[str]:
-    """`--show-completion` and `--install-completion` take an optional SHELL (Click's options
-    cannot): one given none gets AUTO_SHELL, the current shell."""
-    out: list[str] = []
-    for i, arg in enumerate(args):
-        out.append(arg)
-        if arg in COMPLETION_OPTIONS and (i + 1 == len(args) or args[i + 1].startswith("-")):
-            out.append(AUTO_SHELL)
-    return out
-
-
-def _stdout_to_devnull() -> None:
-    """A closed pipe on stdout: what is left unwritten goes nowhere, so that Python's flush at
-    exit does not fail once more ("Exception ignored ... BrokenPipeError")."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
-
-
 def main() -> None:
     """The console script."""
     code = run()
     try:
         sys.stdout.flush()  # what is still buffered meets a closed pipe here
     except BrokenPipeError:
-        _stdout_to_devnull()
+        terminal.stdout_to_devnull()
     sys.exit(code)
 
 

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics"},
     {"session", "steps", "rundir", "progress", "runlog", "plot"},
     {"train", "evaluate", "generate", "export", "plan", "doctor", "launch"},
-    {"cli", "__main__"},
+    {"cli", "terminal", "__main__"},
 ]
 COMMANDS = LAYERS[5]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
