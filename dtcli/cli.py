@@ -112,6 +112,14 @@ GraceOption = typer.Option(
 )
 
 
+ProfileOption = typer.Option(
+    None,
+    "--profile",
+    help="START:STOP: write a TensorBoard profiler trace of optimizer steps START to STOP "
+    "into RUN_DIR/tensorboard (at call boundaries: K steps a call; client 0's in a launch).",
+)
+
+
 def _check_grace(seconds: float) -> None:
     if not 1 <= seconds <= 86400:
         raise UsageError(
@@ -189,12 +197,7 @@ def train(
         "(default: DTENSOR_JOBS; the client count is the length of the list).",
     ),
     connect_timeout: float = ConnectTimeoutOption,
-    profile: str | None = typer.Option(
-        None,
-        "--profile",
-        help="START:STOP: write a TensorBoard profiler trace of optimizer steps START to STOP "
-        "into RUN_DIR/tensorboard (at call boundaries: K steps a call).",
-    ),
+    profile: str | None = ProfileOption,
     grace_period: float = GraceOption,
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
@@ -250,6 +253,7 @@ def launch(
     ),
     no_progress: bool = NoProgressOption,
     connect_timeout: float = ConnectTimeoutOption,
+    profile: str | None = ProfileOption,
     grace_period: float = GraceOption,
 ) -> None:
     """Run a recipe as N local DTensor clients on loopback (a multi-client run on one host)."""
@@ -258,6 +262,7 @@ def launch(
     _check_folders(out=out, resume=resume)
     _check_timeout(connect_timeout)
     _check_grace(grace_period)
+    steps = _profile_steps(profile)
     launch_plan = launch_lib.plan(
         recipe,
         clients,
@@ -268,6 +273,7 @@ def launch(
         port=port,
         connect_timeout=connect_timeout,
         grace=grace_period,
+        profile=steps,
     )
     print(launch_lib.run(launch_plan, progress=not no_progress))
 
@@ -283,6 +289,9 @@ def eval_(
     batch_size: int | None = typer.Option(None, "--batch-size", help="Evaluation batch size."),
     sets: list[str] | None = SetOption,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
+    no_progress: bool = typer.Option(
+        False, "--no-progress", help="As train's (eval draws no bar: it prints its result only)."
+    ),
 ) -> None:
     """Evaluate a checkpoint, on the mesh it was trained on or another one."""
     from dtcli import evaluate as evaluate_lib

@@ -271,3 +271,95 @@ def test_generate_greedy_is_the_same_on_any_mesh_and_sampling_follows_the_seed(l
     assert all(r.code == 0 for r in sampled), [r.err for r in sampled]
     assert sampled[0].out == sampled[1].out
     assert sampled[0].out.strip() and sampled[0].out != greedy[0] + "\n"
+
+
+# --------------------------------------------------------------------------- what a run prints
+
+
+def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_no_error(
+    cpu8, text_file, tmp_path, monkeypatch
+):
+    """Piped (not a terminal): plain progress lines (step, loss, tok/s, eta); the header counts
+    parameters; `done:` names the best evaluation and its checkpoint; a Ctrl-C after `done:`
+    exits 0; recipe.yaml lists no classifier-only key and still resumes and evaluates."""
+    import os
+    import signal
+
+    from conftest import run_cli
+
+    from dtcli import progress as progress_lib
+    from dtcli import recipe as R
+    from dtcli.models import transformer
+    from dtcli.train import run as run_lib
+
+    monkeypatch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
+    original = run_lib.summary
+
+    def summary_then_ctrl_c(*args, **kwargs):
+        original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C as `done:` appears
+
+    monkeypatch.setattr(run_lib, "summary", summary_then_ctrl_c)
+    out = tmp_path / "run"
+    sets = [x for s in TINY for x in ("--set", s)]
+    result = run_cli(
+        "train",
+        ROOT / "recipes" / "tiny_gpt.yaml",
+        "--set",
+        f"data.path={text_file}",
+        *sets,
+        *("--set", "train.steps=10", "--set", "train.eval_every=4", "--set", "train.keep=1"),
+        *("--set", "train.checkpoint_every=1", "--set", "train.steps_per_call=2"),
+        *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
+    )
+    assert result.code == 0, result.err
+    lines = result.err_lines
+    plain = [x for x in lines if x.startswith("step ") and "| eta " in x]
+    assert len(plain) >= 3, lines
+    assert all("/10 loss " in x and " tok/s | eta " in x for x in plain), plain
+    recipe = R.load(out / "recipe.yaml")
+    count = transformer.parameters(recipe.model.transformer, 256)
+    assert count < 10**5 and f"keras model, {count:,} parameters in " in lines[0], lines[0]
+    done = next(x for x in lines if x.startswith("done: "))
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    best = min(records, key=lambda r: r["eval_loss"])
+    assert f"best eval loss {best['eval_loss']:.4f} at step {best['step']}" in done, done
+    kept = (out / "checkpoints" / f"ckpt-{best['step']:08d}").is_dir()
+    assert ("is kept" if kept else "no checkpoint of it is kept") in done, done
+    saved = (out / "recipe.yaml").read_text()
+    for key in ("shape:", "classes:", "flatten:", "image_key:", "label_key:", "encoding:"):
+        assert key not in saved, key
+    monkeypatch.setattr(run_lib, "summary", original)
+    resumed = run_cli("train", "--resume", out, "--set", "train.steps=16", "--no-progress")
+    assert resumed.code == 0, resumed.err
+    assert R.load(out / "recipe.yaml").train.steps == 16
+    evaluated = run_cli("eval", out, "--no-progress", "--json")
+    assert evaluated.code == 0, evaluated.err
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert json.loads(evaluated.out.splitlines()[-1])["step"] == last["step"] > 10
+
+
+def test_a_steps_runs_bar_counts_steps_not_epochs():
+    import io
+
+    from rich.console import Console
+
+    from dtcli import progress as progress_lib
+
+    console = Console(file=io.StringIO(), force_terminal=True)
+    bar = progress_lib.Bar(console, enabled=True, unit="tok/s", total_steps=10)
+    bar.start(2, 3, 4, done=1, first=4)  # the second stretch of 4 steps, 1 of it done
+    try:
+        assert bar.progress.columns[0].text_format == "step"
+        task = bar.progress.tasks[0]
+        assert (task.completed, task.total) == (5, 10)
+        bar.update(3, 2.5, 0.1, 100.0)
+        assert bar.progress.tasks[0].completed == 7
+    finally:
+        bar.stop()
+    epochs = progress_lib.Bar(console, enabled=True)
+    epochs.start(2, 3, 4)
+    try:
+        assert epochs.progress.columns[0].text_format == "epoch 2/3"
+    finally:
+        epochs.stop()

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -595,11 +596,12 @@ def test_sigterm_to_one_client_all_save_one_checkpoint_exit_143_and_resume_equal
     latest = rundir.complete_checkpoints(out)[-1]
     step = ckpt_lib.read_meta(latest)["step"]
     assert 23 < step < 3 * 23  # after the first checkpoint, before the end
-    for client in (0, 1):  # one checkpoint, the same for both; resumed as a launch
-        assert (
-            f"[client {client}] preempted (SIGTERM); saved {latest}; resume with: dtcli launch --clients 2 --resume {out}"
-            in stderr
-        )
+    # one checkpoint, the same for both, said once by client 0 (and the launcher); resumed as a launch
+    assert (
+        f"[client 0] preempted (SIGTERM); saved {latest}; resume with: dtcli launch --clients 2 --resume {out}"
+        in stderr
+    )
+    assert "[client 1] preempted" not in stderr
     last = stderr.strip().splitlines()[-1]
     assert last == (
         f"preempted (SIGTERM); last complete checkpoint: {latest}; resume with: "
@@ -657,3 +659,31 @@ def test_two_clients_read_disjoint_shares_of_tfrecord_files(tmp_path, digit_file
     record = metrics.read(out / "metrics.jsonl")[-1]
     assert record["train_examples"] == 1437 and record["step"] == 30
     assert record["eval_examples"] == 360  # one eval file: examples dealt out, each once
+
+
+def test_launch_passes_profile_to_the_clients(tmp_path):
+    from dtcli import launch as launch_lib
+
+    p = launch_lib.plan(QUICK, 2, out=tmp_path / "run", profile=(3, 5))
+    assert p.train_args[-2:] == ("--profile", "3:5")
+
+
+@pytest.mark.parametrize("chief", [True, False])
+def test_a_launched_non_chief_client_stops_without_its_own_line(monkeypatch, chief):
+    """Client 0 and the launcher say that the run was preempted; client 1 only exits 143."""
+    from dtcli import progress as progress_lib
+    from dtcli import recipe as R
+    from dtcli.errors import Interrupted
+    from dtcli.train import run as run_lib
+
+    def preempted(run):
+        raise Interrupted(None, None, preempted=True)
+
+    monkeypatch.setenv(progress_lib.LAUNCHED_ENV, "1")
+    monkeypatch.setattr(run_lib, "_open_and_train", preempted)
+    cluster = types.SimpleNamespace(is_chief=chief)
+    expected = Interrupted if chief else SystemExit
+    with pytest.raises(expected) as caught:
+        run_lib.train(R.load(QUICK), cluster=cluster)
+    if not chief:
+        assert caught.value.code == 143

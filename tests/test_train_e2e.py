@@ -601,3 +601,28 @@ def test_storage_paths_behave_like_pathlib_where_dtcli_uses_them(cli):
         p.rmdir()  # not empty
     storage.rmtree(p.parent.parent)
     assert not p.exists()
+
+
+def test_done_names_the_best_evaluation_and_whether_its_checkpoint_is_kept(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from dtcli.train.console import summary
+
+    history = [
+        {"epoch": e, "step": 10 * e, "eval_accuracy": acc, "seconds": 1.0}
+        for e, acc in ((1, 0.5), (2, 0.9), (3, 0.8))
+    ]
+    for kept, said in (
+        (
+            [tmp_path / "ckpt-00000020", tmp_path / "ckpt-00000030"],
+            "its checkpoint ckpt-00000020 is kept",
+        ),
+        ([tmp_path / "ckpt-00000030"], "no checkpoint of it is kept (train.keep"),
+    ):
+        out = io.StringIO()
+        summary(Console(file=out, width=400), history, 0, kept)
+        line = out.getvalue().strip()
+        assert line.startswith("done: 3 epochs, 30 steps"), line
+        assert "best eval acc 0.9000 in epoch 2 (step 20)" in line and said in line, line

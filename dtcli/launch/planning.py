@@ -39,8 +39,10 @@ def plan(
     port: int | None = None,
     connect_timeout: float = 60.0,
     grace: float = 30.0,
+    profile: tuple[int, int] | None = None,
 ) -> LaunchPlan:
-    """Check everything that can be checked without TensorFlow, before any client starts."""
+    """Check everything that can be checked without TensorFlow, before any client starts.
+    `profile`: `dtcli train --profile START:STOP` for the clients (client 0 writes the trace)."""
     if clients < 1:
         raise UsageError(f"--clients {clients}: expected at least 1")
     for arg, value in (("--out", out), ("--resume", resume)):
@@ -64,6 +66,8 @@ def plan(
         train_args += [str(recipe), "--out", str(run_dir)]
     train_args += dataclasses.replace(overrides, devices=devices).to_argv()
     train_args += ["--grace-period", f"{grace:g}"]
+    if profile is not None:
+        train_args += ["--profile", f"{profile[0]}:{profile[1]}"]
     return LaunchPlan(
         clients,
         tuple(f"{LOOPBACK}:{p}" for p in _ports(clients, port)),

@@ -115,8 +115,39 @@ def to_mapping(recipe: Recipe) -> dict:
     return plain(dataclasses.asdict(recipe))
 
 
+# Keys only a classifier reads: a language model's recipe.yaml leaves them out while they hold
+# their defaults (a value given stays, so that the file still loads back to the same recipe).
+CLASSIFIER_ONLY = {
+    "data": (
+        "image_key",
+        "label_key",
+        "encoding",
+        "dtype",
+        "shuffle_buffer",
+        "train_range",
+        "eval_range",
+        "shape",
+        "classes",
+        "count",
+        "eval_count",
+        "flatten",
+    ),
+    "model": ("layers", "hidden", "activation"),
+}
+
+
+def _without_classifier_keys(mapping: dict) -> dict:
+    defaults = to_mapping(Recipe())
+    for section, keys in CLASSIFIER_ONLY.items():
+        for key in keys:
+            if mapping[section].get(key) == defaults[section][key]:
+                del mapping[section][key]
+    return mapping
+
+
 def dump(recipe: Recipe) -> str:
-    """The recipe as YAML that loads back to the same recipe (a literal ${ is written $${)."""
+    """The recipe as YAML that loads back to the same recipe (a literal ${ is written $${); a
+    language model's without the keys only classifiers read (CLASSIFIER_ONLY)."""
 
     def escape(value: Any) -> Any:
         if isinstance(value, dict):
@@ -125,7 +156,10 @@ def dump(recipe: Recipe) -> str:
             return [escape(v) for v in value]
         return value.replace("${", "$${") if isinstance(value, str) else value
 
-    return yaml.safe_dump(escape(to_mapping(recipe)), sort_keys=False)
+    mapping = to_mapping(recipe)
+    if recipe.task == "language_model":
+        mapping = _without_classifier_keys(mapping)
+    return yaml.safe_dump(escape(mapping), sort_keys=False)
 
 
 def fingerprint(recipe: Recipe) -> str:

@@ -3,6 +3,7 @@ command that resumes a stopped run."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
 
     r = session.recipe
     sharded = sum(1 for p in session.plans if layout_lib.is_sharded(p, session.axes))
+    params = parameter_count(session.plans)
     d = session.devices
     over = d.text if d.clients == 1 else f"{d.text} ({d.clients} clients x {d.local_count})"
     console.print(
-        f"[bold]{r.name}[/]: {r.model.api} model, {len(session.plans)} weights ({sharded} sharded) "
+        f"[bold]{r.name}[/]: {r.model.api} model, {parameters_text(params)} "
+        f"in {len(session.plans)} weights ({sharded} sharded) "
         f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}; "
         f"data: {session.data.description}; run directory: {run_dir}",
         highlight=False,
@@ -34,6 +37,20 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
         r.layouts.rules, session.plans, session.axes, r.layouts.data_axis
     ):
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def parameter_count(plans: list[Any]) -> int:
+    """The model's trainable parameters: the elements of its trainable weights."""
+    return sum(math.prod(p.weight.shape) for p in plans if p.weight.trainable)
+
+
+def parameters_text(count: int) -> str:
+    """A parameter count as people say it: "0.83 M parameters", "1.2 B", "7,850"."""
+    if count >= 10**9:
+        return f"{count / 1e9:.2f} B parameters"
+    if count >= 10**5:
+        return f"{count / 1e6:.2f} M parameters"
+    return f"{count:,} parameter{'s' * (count != 1)}"
 
 
 def epoch_line(record: dict[str, Any], cfg: TrainConfig) -> str:
@@ -59,27 +76,38 @@ def epoch_line(record: dict[str, Any], cfg: TrainConfig) -> str:
     )
 
 
-def summary(console: Any, history: list[dict[str, Any]], first_epoch: int) -> None:
-    """One closing line with what the epoch lines did not say (they said the rest)."""
+def summary(
+    console: Any, history: list[dict[str, Any]], first_epoch: int, checkpoints: list[Path]
+) -> None:
+    """One closing line with what the epoch lines did not say (they said the rest): the best
+    evaluation, and whether a checkpoint of it is still there (`checkpoints`: the complete ones;
+    train.keep removes old ones, train.checkpoint_every skips some)."""
     if not history:
         return
     seconds = sum(r["seconds"] for r in history[first_epoch:])
-    if "eval_perplexity" in history[-1]:
-        last = history[-1]
-        console.print(
+    last = history[-1]
+    if "eval_perplexity" in last:
+        best = min(history, key=lambda r: r["eval_loss"])
+        done = (
             f"done: {last['step']} steps ({seconds:.1f} s training in this process); eval loss "
-            f"{last['eval_loss']:.4f} (perplexity {last['eval_perplexity']:.2f})",
-            highlight=False,
+            f"{last['eval_loss']:.4f} (perplexity {last['eval_perplexity']:.2f}); best eval loss "
+            f"{best['eval_loss']:.4f} at step {best['step']}"
         )
-        return
-    best = max(history, key=lambda r: r["eval_accuracy"])
-    console.print(
-        f"done: {history[-1]['epoch']} epoch{'s' * (history[-1]['epoch'] != 1)}, "
-        f"{history[-1]['step']} steps "
-        f"({seconds:.1f} s training in this process); best eval acc {best['eval_accuracy']:.4f} "
-        f"in epoch {best['epoch']}",
-        highlight=False,
-    )
+    else:
+        best = max(history, key=lambda r: r["eval_accuracy"])
+        done = (
+            f"done: {last['epoch']} epoch{'s' * (last['epoch'] != 1)}, {last['step']} steps "
+            f"({seconds:.1f} s training in this process); best eval acc "
+            f"{best['eval_accuracy']:.4f} in epoch {best['epoch']} (step {best['step']})"
+        )
+    console.print(f"{done}, {_kept(best['step'], checkpoints)}", highlight=False)
+
+
+def _kept(step: int, checkpoints: list[Path]) -> str:
+    name = f"ckpt-{step:08d}"
+    if any(Path(c).name == name for c in checkpoints):
+        return f"its checkpoint {name} is kept"
+    return "no checkpoint of it is kept (train.keep and train.checkpoint_every decide which are)"
 
 
 def nothing_to_train(console: Any, done: int, epochs: int) -> None:

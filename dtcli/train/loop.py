@@ -91,7 +91,13 @@ class EpochLoop:
     def run(self, history: list[dict[str, Any]], start: EpochState) -> list[dict[str, Any]]:
         """Train from `start`; `history` gets each epoch's record."""
         lm = self.session.recipe.task == "language_model"
-        bar = progress_lib.Bar(self.console, enabled=self.progress, unit="tok/s" if lm else "ex/s")
+        bar = progress_lib.Bar(
+            self.console,
+            enabled=self.progress,
+            unit="tok/s" if lm else "ex/s",
+            total_steps=self.session.recipe.train.steps,
+            plain=lm,  # long runs: a log that is not a terminal still hears of them
+        )
         state = start
         while state.epoch < self.session.recipe.train.epochs:
             # Checked here too: with K >= the steps of an epoch, an epoch is one call, and a Ctrl-C
@@ -108,7 +114,9 @@ class EpochLoop:
         cfg = self.session.recipe.train
         epoch = state.epoch
         steps = epoch_steps(self.session, epoch)
-        bar.start(epoch + 1, cfg.epochs, steps, done=state.batch)
+        bar.start(
+            epoch + 1, cfg.epochs, steps, done=state.batch, first=epoch * epoch_steps(self.session)
+        )
         try:
             state = run_epoch(
                 self.session,

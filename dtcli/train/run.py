@@ -21,6 +21,7 @@ from typing import Any
 from dtcli import cluster as cluster_lib
 from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
+from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage, tfruntime
 from dtcli.errors import TrainingError, UsageError, one_line, printed
@@ -34,6 +35,7 @@ from dtcli.train.signals import (
     PreemptionWatch,
     SigtermOutsideTheLoop,
     StopOnSignal,
+    silent_stop,
 )
 
 
@@ -113,7 +115,8 @@ def train(
             chief=chief,
             logged=chief and isinstance(console, runlog.LoggedConsole),
         )
-        return _open_and_train(run)
+        with silent_stop(not chief and progress_lib.launched()):
+            return _open_and_train(run)
 
 
 def _open_and_train(run: Run) -> RunResult:
@@ -233,8 +236,10 @@ def _train(run: Run) -> RunResult:
         profile_report(run.console, profiler, run.folder.tensorboard, step)
     if run.chief and len(history) > before:
         _plot(run.folder)
+    run.early.complete()  # a Ctrl-C after the summary: the run is complete, exit 0
     if run.chief:
-        summary(run.console, history, start.epoch if run.latest is not None else 0)
+        first = start.epoch if run.latest is not None else 0
+        summary(run.console, history, first, run.folder.complete_checkpoints())
     return RunResult(run.folder.path, history)
 
 
@@ -243,7 +248,7 @@ def _nothing_to_train(run: Run) -> RunResult:
     done = run.meta["epoch_state"]["epoch"]
     nothing_to_train(run.console, done, run.recipe.train.epochs)
     history = _history_until(run.folder, run.meta["step"]) if run.chief else []
-    summary(run.console, history, done)
+    summary(run.console, history, done, run.folder.complete_checkpoints() if run.chief else [])
     return RunResult(run.folder.path, history)
 
 

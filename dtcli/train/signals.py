@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from dtcli.errors import PREEMPTED_EXIT, Preempted
+from dtcli.errors import PREEMPTED_EXIT, Preempted, Stopped
 
 # Seconds between a SIGTERM and this process' exit (schedulers send SIGKILL after their own).
 DEFAULT_GRACE = 30.0
@@ -36,9 +36,13 @@ class SigtermOutsideTheLoop:
     def __init__(self) -> None:
         self._holding = False
         self._pending = False
+        self._complete = False
         self._previous: Any = None
+        self._previous_int: Any = None
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self._complete:
+            return
         if self._holding:
             self._pending = True
             return
@@ -54,6 +58,13 @@ class SigtermOutsideTheLoop:
         if self._pending:
             raise Preempted(self.MESSAGE)
 
+    def complete(self) -> None:
+        """The run is complete (trained, saved, its summary next): from here on a Ctrl-C or
+        SIGTERM has nothing left to stop, and the command ends as it would have (exit 0)."""
+        self._complete = True
+        if threading.current_thread() is threading.main_thread():
+            self._previous_int = signal.signal(signal.SIGINT, self._handle)
+
     def __enter__(self) -> SigtermOutsideTheLoop:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
@@ -62,6 +73,20 @@ class SigtermOutsideTheLoop:
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+        if self._previous_int is not None:
+            signal.signal(signal.SIGINT, self._previous_int)
+
+
+@contextlib.contextmanager
+def silent_stop(silent: bool) -> Iterator[None]:
+    """A launched client other than 0 stops (Ctrl-C, a preemption) with its exit code but
+    without a line of its own: client 0 and the launcher say it, once each."""
+    try:
+        yield
+    except (Stopped, Preempted) as exc:
+        if not silent:
+            raise
+        raise SystemExit(exc.exit_code) from None
 
 
 class Deadline:
