@@ -24,7 +24,14 @@ from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
-from dtcli.steps import PER_STEP, epoch_steps, make_steps, steps_per_call, train_block
+from dtcli.steps import (
+    PER_STEP,
+    epoch_steps,
+    make_steps,
+    resume_position,
+    steps_per_call,
+    train_block,
+)
 
 __all__ = [
     "EpochState",
@@ -35,6 +42,7 @@ __all__ = [
     "flops_per_token",
     "pack_all",
     "prepare",
+    "resume_state",
     "run_epoch",
     "run_steps",
 ]
@@ -249,6 +257,18 @@ def run_steps(session: Session, steps: int) -> list[float]:
     return losses
 
 
+def resume_state(train: recipe_lib.TrainConfig, step: int, saved: dict[str, Any]) -> EpochState:
+    """Where a run resumed from a checkpoint at global step `step` goes on; `saved`: the
+    checkpoint's epoch_state. Its sums so far count only where the checkpoint's epoch is the
+    one the run goes on in (a train.steps run resumed with another eval_every starts afresh in
+    the stretch that holds `step`, see steps.resume_position)."""
+    state = EpochState(**saved)
+    epoch, batch = resume_position(train, step, state.epoch, state.batch)
+    if (epoch, batch) == (state.epoch, state.batch):
+        return state
+    return EpochState(epoch, batch)
+
+
 @dataclass
 class EpochState:
     """Progress through one epoch; saved in checkpoints written mid-epoch (Ctrl-C)."""
@@ -272,18 +292,22 @@ def run_epoch(
     stop: Any = None,
     trained: Any = None,
     profiler: Any = None,
+    step: int | None = None,
 ) -> EpochState:
     """Train the rest of one epoch (from `state.batch`), K steps a call (the process's first
     call: one); returns early, at a call boundary, when `stop()` is true.
 
     `trained()` is called once after each call that applied a step, before anything of it is
     written; `profiler` (metrics.Profiler) hears of each call before and after it. A non-finite
-    loss raises NonFiniteLoss with the optimizer step it happened at."""
+    loss raises NonFiniteLoss with the optimizer step it happened at. `step`: the optimizer's
+    count before the state's next batch (None: every epoch before this one had epoch_steps)."""
     steps = epoch_steps(session, state.epoch)
     k = steps_per_call(session)
     log_every = session.recipe.train.log_every
     started = time.perf_counter() - state.seconds
     batches = session.train_feed.epoch(state.epoch, state.batch, steps)
+    if step is None:
+        step = state.epoch * epoch_steps(session) + state.batch
 
     def next_block() -> list:
         # A process's first call runs one step: it compiles the K-step call all the same, and
@@ -293,8 +317,7 @@ def run_epoch(
 
     # stop() is checked before each call (a Ctrl-C stops the run before its next call).
     while not (stop is not None and stop()) and (block := next_block()):
-        # The optimizer's step of block[0] (every epoch before this one was whole).
-        first = state.epoch * epoch_steps(session) + state.batch + 1
+        first = step + 1  # the optimizer's step of block[0]
         if profiler is not None:
             profiler.before_call(first, len(block))
         called = time.perf_counter()
@@ -308,6 +331,7 @@ def run_epoch(
         if applied and trained is not None:
             trained()
         _add_steps(state, out, first, applied, writer, log_every)
+        step += applied
         if applied < len(block):
             raise NonFiniteLoss(float(out["loss"][applied]), first + applied)
         if out.get("stop"):

@@ -110,12 +110,13 @@ def _kept(step: int, checkpoints: list[Path]) -> str:
     return "no checkpoint of it is kept (train.keep and train.checkpoint_every decide which are)"
 
 
-def nothing_to_train(console: Any, done: int, epochs: int) -> None:
-    console.print(
-        f"[yellow]nothing to train:[/] the run has {done} epochs and train.epochs is "
-        f"{epochs}; --epochs is the total, give more",
-        highlight=False,
-    )
+def nothing_to_train(console: Any, cfg: TrainConfig, epochs: int, steps: int) -> None:
+    """A resume whose checkpoint (`epochs` done, at step `steps`) is already at the end."""
+    if cfg.steps is not None:
+        said = f"{steps} steps and train.steps is {cfg.steps}; train.steps is the total"
+    else:
+        said = f"{epochs} epochs and train.epochs is {cfg.epochs}; --epochs is the total"
+    console.print(f"[yellow]nothing to train:[/] the run has {said}, give more", highlight=False)
 
 
 def profile_report(console: Any, profiler: Any, tensorboard: Path, step: int) -> None:

@@ -127,7 +127,8 @@ class EpochLoop:
                 self.stop,
                 self._count_step,
                 self.profiler,
-            )
+                step=self._step(),  # steps.jsonl numbers the optimizer's steps, whatever the
+            )  # epochs before this one were (a resume may change their length)
         except NonFiniteLoss as exc:
             bar.stop()
             raise TrainingError(

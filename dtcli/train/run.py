@@ -26,8 +26,8 @@ from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage, tfruntime
 from dtcli.errors import TrainingError, UsageError, one_line, printed
 from dtcli.recipe import Recipe
-from dtcli.session import EpochState, Session, prepare
-from dtcli.steps import make_steps
+from dtcli.session import EpochState, Session, prepare, resume_state
+from dtcli.steps import finished, make_steps
 from dtcli.train.console import header, nothing_to_train, profile_report, summary
 from dtcli.train.loop import Checkpointer, EpochLoop, NoWriter, Writer
 from dtcli.train.signals import (
@@ -190,7 +190,9 @@ def _train(run: Run) -> RunResult:
     from dtcli import checkpoint as ckpt_lib
 
     run.meta = ckpt_lib.read_meta(run.latest) if run.latest is not None else None
-    if run.meta is not None and run.meta["epoch_state"]["epoch"] >= run.recipe.train.epochs:
+    if run.meta is not None and finished(
+        run.recipe.train, run.meta["step"], run.meta["epoch_state"]["epoch"]
+    ):
         return _nothing_to_train(run)
     session = prepare(run.recipe, cluster=run.cluster)
     run.recipe = session.recipe
@@ -238,17 +240,17 @@ def _train(run: Run) -> RunResult:
         _plot(run.folder)
     run.early.complete()  # a Ctrl-C after the summary: the run is complete, exit 0
     if run.chief:
-        first = start.epoch if run.latest is not None else 0
-        summary(run.console, history, first, run.folder.complete_checkpoints())
+        summary(run.console, history, before, run.folder.complete_checkpoints())
     return RunResult(run.folder.path, history)
 
 
 def _nothing_to_train(run: Run) -> RunResult:
     """Said before the devices, the model and the compilation are set up for nothing."""
     done = run.meta["epoch_state"]["epoch"]
-    nothing_to_train(run.console, done, run.recipe.train.epochs)
+    nothing_to_train(run.console, run.recipe.train, done, run.meta["step"])
     history = _history_until(run.folder, run.meta["step"]) if run.chief else []
-    summary(run.console, history, done, run.folder.complete_checkpoints() if run.chief else [])
+    checkpoints = run.folder.complete_checkpoints() if run.chief else []
+    summary(run.console, history, len(history), checkpoints)  # nothing trained in this process
     return RunResult(run.folder.path, history)
 
 
@@ -280,7 +282,9 @@ def _restore(
     # The checkpoint holds the optimizer's old learning rate: the recipe's takes effect now.
     session.optimizer.set_hyperparameters(run.recipe.optimizer)
     checkpointer.last_step = meta["step"]
-    start = EpochState(**meta["epoch_state"])
+    # A train.steps run goes on from its global step, in the stretches of the eval_every it
+    # resumes with (which may not be the one its checkpoint counted its epoch in).
+    start = resume_state(run.recipe.train, meta["step"], meta["epoch_state"])
     history = _history_until(run.folder, meta["step"]) if run.chief else []
     run.console.print(
         f"resuming {run.latest} (epoch {start.epoch + 1}, batch {start.batch}, "
