@@ -14,11 +14,14 @@ directory's business (dtcli.rundir).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +35,20 @@ STATE = "checkpoint"
 FORMAT = 2
 REQUIRED = ("format", "step", "epoch", "epoch_state", "mesh", "recipe", "weights", "files")
 _NAME = re.compile(r"ckpt-(\d+)$")
+# A checkpoint held open while it is read (`held`): its private folder -> the checkpoint.
+_HELD: dict[Path, Path] = {}
+# Where an open file of this process can be opened again, even once it was removed (Linux).
+_FD_LINKS = Path("/proc/self/fd")
 
 
 class DamagedCheckpoint(UsageError):
     """A checkpoint whose files are not what was written (one line, exit code 2)."""
 
     def __init__(self, checkpoint: Path, reason: str, message: str | None = None) -> None:
-        self.checkpoint = storage.as_path(checkpoint)
+        read, checkpoint = storage.as_path(checkpoint), shown(checkpoint)
+        self.checkpoint = checkpoint
         self.reason = reason  # what is wrong, without the checkpoint's name
+        message = message.replace(str(read), str(checkpoint)) if message else None
         super().__init__(message or f"checkpoint {checkpoint} is damaged: {reason}")
 
 
@@ -50,6 +59,51 @@ def complete(folder: Path) -> list[Path]:
         return []
     found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / META).is_file()]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def shown(checkpoint: Path) -> Path:
+    """The checkpoint a path names to the user: a held checkpoint's private folder is shown as
+    the checkpoint itself."""
+    checkpoint = storage.as_path(checkpoint)
+    return _HELD.get(checkpoint, checkpoint)
+
+
+@contextlib.contextmanager
+def held(checkpoint: Path) -> Iterator[Path]:
+    """The checkpoint's files held open while it is read, as a private folder of links to them.
+
+    A run in training removes its older checkpoints (train.keep) as it saves, perhaps the one
+    being read; a file held open stays readable once removed, so what is read through the
+    private folder is one whole checkpoint. FileNotFoundError when it was removed before its
+    files were open (perhaps only some of them: `verify` then names one missing). Where files
+    cannot be held (an object store, no /proc/self/fd), the checkpoint folder itself."""
+    checkpoint = storage.as_path(checkpoint)
+    if storage.is_remote(checkpoint) or not _FD_LINKS.is_dir():
+        yield checkpoint
+        return
+    with contextlib.ExitStack() as stack:
+        private = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dtcli-held-")))
+        private = private / checkpoint.name
+        private.mkdir()
+        for path in checkpoint.iterdir():
+            fd = os.open(path, os.O_RDONLY)
+            stack.callback(os.close, fd)
+            os.symlink(_FD_LINKS / str(fd), private / path.name)
+        _HELD[private] = checkpoint
+        stack.callback(_HELD.pop, private, None)
+        yield private
+
+
+def removed(checkpoint: Path, wait: float = 0.2) -> bool:
+    """Whether a checkpoint that failed to be read is being removed (it is gone shortly), as a
+    run in training removes its older ones, rather than damaged."""
+    checkpoint = shown(checkpoint)
+    deadline = time.monotonic() + wait
+    while checkpoint.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def looks_like_checkpoint(path: Path) -> bool:
@@ -230,6 +284,7 @@ class Checkpointer:
         `partial`: restore only the objects this Checkpointer tracks (eval needs no optimizer).
         """
         import tensorflow as tf
+        from tensorflow.python.eager import context
 
         if weights is not None:
             check_weights(checkpoint, weights)
@@ -239,9 +294,14 @@ class Checkpointer:
                 status.expect_partial()
             else:
                 status.assert_existing_objects_matched()
+            # DTensor restores asynchronously: a file that cannot be read must fail here, while
+            # the caller can still tell why, not in the next operation.
+            context.async_wait()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            context.async_clear_error()
             raise UsageError(
-                f"checkpoint {checkpoint}: does not fit this model and optimizer ({_cause(exc)})"
+                f"checkpoint {shown(checkpoint)}: does not fit this model and optimizer "
+                f"({_cause(exc)})"
             ) from None
 
 
@@ -270,13 +330,12 @@ def _fault_point() -> None:
     test can kill the process in the middle of one."""
     pause = os.environ.get("DTCLI_TEST_PAUSE_IN_SAVE")
     if pause:
-        import time
-
         time.sleep(float(pause))
 
 
 def check_weights(checkpoint: Path, weights: list) -> None:
     saved = read_meta(checkpoint).get("weights", {})
+    checkpoint = shown(checkpoint)
     live = {w.path: list(w.shape) for w in weights}
     for path, shape in live.items():
         if path not in saved:

@@ -8,6 +8,7 @@ restored into it: TensorFlow relays each saved shard out onto the new layouts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from dtcli import recipe as recipe_lib
 from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
-from dtcli.rundir import checkpoint_recipe, find_checkpoint
+from dtcli.rundir import ATTEMPTS, checkpoint_recipe, find_checkpoint
 from dtcli.tables import Column, print_table
 
 __all__ = [
@@ -56,10 +57,39 @@ def evaluate_path(
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: expected eval or train")
     found = find_checkpoint(path)
-    recipe = checkpoint_recipe(found, overrides, batch_size)
     given = ckpt_lib.looks_like_checkpoint(storage.as_path(path))  # not a run directory
     newest = None if given else lambda: find_checkpoint(path)
+    found, recipe = read_held(
+        found, newest, lambda held: checkpoint_recipe(held, overrides, batch_size)
+    )
     return evaluate_checkpoint(found, recipe, split, newest)
+
+
+def read_held(checkpoint: Path, newest: Any, read: Callable[[Path], Any]) -> tuple[Path, Any]:
+    """(the checkpoint read, `read(held)`): `checkpoint` read while its files are held open.
+
+    A run that is training removes its older checkpoints (train.keep), maybe this one before
+    its files could be held: `newest()` (a run directory given) finds the newest again, as
+    often as ATTEMPTS; a checkpoint folder given that goes is one error."""
+    for _ in range(ATTEMPTS):
+        try:
+            with ckpt_lib.held(checkpoint) as held:
+                return checkpoint, read(held)
+        except Exception:  # TensorFlow's NotFoundError too: what matters is whether it is gone
+            if not ckpt_lib.removed(checkpoint):
+                raise  # really damaged, or another model's
+            if newest is None:
+                raise UsageError(
+                    f"CHECKPOINT {str(checkpoint)!r}: removed while it was read (a run in "
+                    "training keeps only its newest train.keep checkpoints); give the run "
+                    "directory to evaluate its newest"
+                ) from None
+        checkpoint = newest()
+    raise UsageError(
+        f"CHECKPOINT {str(checkpoint.parent.parent)!r}: the run removed {ATTEMPTS} checkpoints "
+        "in a row before one could be read (it saves faster than they can be read, keeping "
+        "only train.keep); evaluate a copy of one, or give it a larger train.keep"
+    )
 
 
 def evaluate_checkpoint(
@@ -77,22 +107,13 @@ def evaluate_checkpoint(
         data = dataclasses.replace(recipe.data, placement="host")
         recipe = recipe_lib.replace(recipe, data=data)
     session = session_lib.prepare(recipe, splits=(split,) if split == "train" else ("eval",))
-    for attempt in range(5):
-        try:
-            meta = ckpt_lib.read_meta(checkpoint)
-            ckpt = ckpt_lib.Checkpointer(checkpoint.parent, {"model": session.model.module}, 1)
-            ckpt.restore(checkpoint, session.model.weights, partial=True)
-            break
-        except (ckpt_lib.DamagedCheckpoint, UsageError):
-            if storage.as_path(checkpoint).exists():
-                raise  # really damaged, or another model's
-            if newest is None or attempt == 4:
-                raise UsageError(
-                    f"CHECKPOINT {str(checkpoint)!r}: removed while it was read (a run in "
-                    "training keeps only its newest train.keep checkpoints); give the run "
-                    "directory to evaluate its newest"
-                ) from None
-            checkpoint = newest()
+
+    def restore(held: Path) -> dict[str, Any]:
+        ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)
+        ckpt.restore(held, session.model.weights, partial=True)
+        return ckpt_lib.read_meta(held)
+
+    checkpoint, meta = read_held(checkpoint, newest, restore)
     _, eval_step = steps_lib.make_steps(session)
     feed = session.eval_feed
     if split == "train":

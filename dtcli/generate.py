@@ -27,7 +27,7 @@ from dtcli.recipe import Overrides, Recipe
 MAX_TOKENS = 1_000_000
 
 
-def check_options(tokens: int, temperature: float, top_k: int | None, prompt: str) -> None:
+def check_options(tokens: int, temperature: float, top_k: int | None, prompt: str | bytes) -> None:
     if not 1 <= tokens <= MAX_TOKENS:
         raise UsageError(f"--tokens {tokens}: expected an integer from 1 to {MAX_TOKENS:,}")
     if not (temperature >= 0 and np.isfinite(temperature)):
@@ -38,9 +38,20 @@ def check_options(tokens: int, temperature: float, top_k: int | None, prompt: st
         raise UsageError("--prompt: expected at least one character")
 
 
+def prompt_bytes(prompt: str | bytes) -> bytes:
+    """The prompt's bytes: the byte vocabulary covers any byte, so bytes that are not UTF-8
+    (a command line passes them to Python as surrogate escapes, like os.fsencode) stay as given."""
+    if isinstance(prompt, bytes):
+        return prompt
+    try:
+        return prompt.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"--prompt: {exc.reason} at character {exc.start + 1}") from None
+
+
 def stream(
     path: Path,
-    prompt: str,
+    prompt: str | bytes,
     tokens: int,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -54,6 +65,7 @@ def stream(
     a caller can print it as it comes and keep it on Ctrl-C; "".join() gives the whole text.
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
     check_options(tokens, temperature, top_k, prompt)
+    prompt_bytes(prompt)  # before any work
     found = rundir.find_checkpoint(storage.as_path(path))
     recipe = rundir.checkpoint_recipe(found, Overrides(mesh=mesh, devices=devices))
     if recipe.task != "language_model":
@@ -73,7 +85,7 @@ def stream(
 
     mesh_ = session.mesh
     rng = np.random.default_rng(seed)
-    sequence = list(prompt.encode("utf-8"))
+    sequence = list(prompt_bytes(prompt))
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for _ in range(tokens):
         window = sequence[-context:]

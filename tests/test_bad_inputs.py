@@ -158,6 +158,9 @@ def hold_lock(run: Path) -> None:
     HELD.append(f)
 
 
+LONG = "{tmp}/" + "x" * 300  # a name over the file system's limit: File name too long
+
+
 def s(*pairs: str) -> list[str]:
     """--set arguments."""
     out: list[str] = []
@@ -582,6 +585,23 @@ CASES: dict[str, Case] = {
         "train", "{q}", "--out", "{tmp}/d", expect="not empty", setup=file_at("d/mine.txt")
     ),
     "out in /proc": c("train", "{q}", "--out", "/proc/dtcli-run", expect="--out"),
+    # a name over the file system's limit (255 bytes): File name too long
+    **{
+        f"{where} name too long": c(*args, expect=f"{arg} '{path}': a name in it is longer")
+        for where, arg, args in (
+            ("train out", "--out", ("train", "{q}", "--out", LONG)),
+            ("train out parent", "--out", ("train", "{q}", "--out", f"{LONG}/run")),
+            ("launch out", "--out", ("launch", "--clients", "2", "{q}", "--out", LONG)),
+            ("export out", "--out", ("export", "{run}", "--out", LONG)),
+            ("plot out", "--out", ("plot", "{run}", "--out", LONG)),
+            ("resume", "--resume", ("train", "--resume", LONG)),
+            ("eval run", "CHECKPOINT", ("eval", LONG)),
+            ("export run", "CHECKPOINT", ("export", LONG, "--out", "{tmp}/e")),
+            ("generate run", "CHECKPOINT", ("generate", LONG)),
+            ("plot run", "RUN_DIR", ("plot", LONG)),
+        )
+        for path in [args[args.index("--out") + 1] if arg == "--out" else LONG]
+    },
     "out is the running run": c("train", "{q}", "--out", "{run}", expect="{run}", damage=hold_lock),
     # ---- resume
     "resume with a recipe": c("train", "{q}", "--resume", "{run}", expect="--resume"),

@@ -250,6 +250,21 @@ def test_a_steps_run_evaluates_every_eval_every_steps_and_at_the_end(lm_run):
     assert "step 10/10" in result.err and "tok/s" in result.err
 
 
+def test_generate_continues_a_prompt_of_bytes_that_are_not_utf8(lm_run):
+    """`--prompt $'\\xff\\xfeab'`: Python passes such bytes as surrogate escapes; the byte
+    vocabulary covers them, so the model continues exactly those bytes."""
+    from conftest import run_cli
+
+    from dtcli import generate
+
+    out, _ = lm_run
+    escaped = b"\xff\xfeab".decode("utf-8", errors="surrogateescape")  # as sys.argv holds it
+    r = run_cli("generate", out, "--prompt", escaped, "--tokens", 12, "--temperature", 0)
+    assert r.code == 0 and r.err == "", r.err
+    from_bytes = "".join(generate.stream(out, b"\xff\xfeab", 12, temperature=0))
+    assert r.out == from_bytes + "\n"
+
+
 def test_generate_greedy_is_the_same_on_any_mesh_and_sampling_follows_the_seed(lm_run):
     from conftest import run_cli
 

@@ -109,8 +109,9 @@ def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
     verify = ckpt_lib.verify
 
     def removed_while_verified(checkpoint):
-        if checkpoint.name == "ckpt-00000009" and checkpoint.exists():
-            shutil.rmtree(checkpoint)  # the trainer's rotation, during the read
+        original = ckpt_lib.shown(checkpoint)  # read held open, through a private folder
+        if checkpoint.name == "ckpt-00000009" and original.exists():
+            shutil.rmtree(original)  # the trainer's rotation, during the read
             raise ckpt_lib.DamagedCheckpoint(checkpoint, "ckpt.index is missing")
         return verify(checkpoint)
 
@@ -125,7 +126,7 @@ def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
 
     def removed_while_restored(self, checkpoint, *args, **kwargs):
         if checkpoint.name == "ckpt-00000009":
-            shutil.rmtree(checkpoint)
+            shutil.rmtree(ckpt_lib.shown(checkpoint))
             raise ckpt_lib.DamagedCheckpoint(checkpoint, "it has no meta.json")
         return restore(self, checkpoint, *args, **kwargs)
 
@@ -138,6 +139,69 @@ def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
         "read (a run in training keeps only its newest train.keep checkpoints); give the run "
         "directory to evaluate its newest"
     ], r.err
+
+
+def test_eval_of_a_run_rotating_checkpoints_as_fast_as_it_can_never_fails(
+    trained_run, tmp_path, cpu8
+):
+    """`dtcli eval RUN` beside a run that is training (train.keep=1): a writer thread renames a
+    new complete checkpoint into place and removes the older one as fast as it can, maybe during
+    the verify, the meta read or TensorFlow's own restore. Each of 50 evaluations returns the
+    result of some complete checkpoint the writer wrote."""
+    import threading
+
+    from dtcli import evaluate as evaluate_lib
+
+    run = copy_run(trained_run, tmp_path)
+    folder = run / "checkpoints"
+    source = tmp_path / "source"
+    shutil.copytree(folder / "ckpt-00000009", source)
+    for old in rundir.complete_checkpoints(run):
+        shutil.rmtree(old)
+    meta = json.loads((source / ckpt_lib.META).read_text())
+    stop = threading.Event()
+    written = []
+
+    def rotate() -> None:  # dtcli's save: hidden, then renamed; then only the newest is kept
+        try:
+            save_as_fast_as_it_can()
+        except BaseException as exc:  # shown by the test
+            written.append(exc)
+            raise
+
+    def save_as_fast_as_it_can() -> None:
+        step = 10
+        while not stop.is_set():
+            tmp = folder / f".tmp-ckpt-{step:08d}-stress"
+            shutil.copytree(source, tmp)
+            (tmp / ckpt_lib.META).write_text(json.dumps({**meta, "step": step}))
+            os.rename(tmp, folder / f"ckpt-{step:08d}")
+            written.append(step)
+            for old in rundir.complete_checkpoints(run)[:-1]:
+                shutil.rmtree(old, ignore_errors=True)
+            step += 1
+            time.sleep(0.01)  # a save every ~10 ms: many during each restore, and the CPU shared
+
+    writer = threading.Thread(target=rotate, daemon=True)
+    writer.start()
+    while not written:
+        time.sleep(0.01)
+    failures, steps = [], []
+    try:
+        for _ in range(50):
+            try:
+                result = evaluate_lib.evaluate_path(run)
+            except Exception as exc:  # noqa: BLE001 - every failure is counted, then shown
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            assert result["checkpoint"] == str(folder / f"ckpt-{result['step']:08d}")
+            steps.append(result["step"])
+    finally:
+        stop.set()
+        writer.join()
+    assert all(isinstance(step, int) for step in written), written[-1]
+    assert failures == [], f"{len(failures)} of 50 failed, the first: {failures[0]}"
+    assert set(steps) <= set(written) and len(written) > 50, (steps, len(written))
 
 
 # --------------------------------------------------------------------------- resume semantics

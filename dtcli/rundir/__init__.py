@@ -47,7 +47,13 @@ from dtcli.rundir.files import (
     reachable,
     stderr,
 )
-from dtcli.rundir.find import complete_checkpoints, find_checkpoint, latest_intact, require_intact
+from dtcli.rundir.find import (
+    ATTEMPTS,
+    complete_checkpoints,
+    find_checkpoint,
+    latest_intact,
+    require_intact,
+)
 from dtcli.rundir.lock import Lock, held_by, held_error
 from dtcli.rundir.resume import (
     FIXED_ON_RESUME,
@@ -60,6 +66,7 @@ from dtcli.rundir.resume import (
 )
 
 __all__ = [
+    "ATTEMPTS",
     "CHECKPOINTS",
     "FIXED_ON_RESUME",
     "LOCK",
@@ -320,6 +327,11 @@ def check_output_folder(path: Path, arg: str = "--out", refuse_held: bool = True
     `refuse_held`: not inside a run another process is writing (plot may draw into a running
     run's plots/, since it replaces each PNG whole)."""
     path = storage.as_path(path)
+    with reachable(arg, path):
+        _check_output_folder(path, arg, refuse_held)
+
+
+def _check_output_folder(path: Path, arg: str, refuse_held: bool) -> None:
     if path.exists() and not path.is_dir():
         raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder")
     blocking = _blocking_parent(path)

@@ -4,6 +4,7 @@ dtcli.rundir shares: warnings, OS error reasons, unreachable file systems as bad
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,10 +36,16 @@ def os_reason(exc: OSError) -> str:
 @contextlib.contextmanager
 def reachable(arg: str, path: Any) -> Iterator[None]:
     """A file system that cannot be reached (a bucket without network or credentials, a scheme
-    TensorFlow has no plug-in for) is bad input naming the argument, not a crash."""
+    TensorFlow has no plug-in for) or a name longer than it allows is bad input naming the
+    argument, not a crash."""
     try:
         yield
     except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # a user's name, not a fault of the file system
+            raise UsageError(
+                f"{arg} {str(path)!r}: a name in it is longer than the file system allows "
+                f"({os_reason(exc)}); give a shorter one"
+            ) from None
         if not storage.is_remote(path):
             raise
         reason = os_reason(exc)

@@ -3,7 +3,6 @@ named in a warning), or one error saying why there is none."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from dtcli import checkpoint as ckpt_lib
@@ -11,25 +10,38 @@ from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.rundir.files import CHECKPOINTS, Warn, reachable, stderr
 
+# How often a read that a run in training outpaced (it removed the checkpoint) is tried anew.
+ATTEMPTS = 20
+
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint folders of a run that were completed (renamed into place), oldest first."""
-    return ckpt_lib.complete(storage.as_path(run_dir) / CHECKPOINTS)
+    """Checkpoint folders of a run that were completed (renamed into place), oldest first.
+
+    A listing races a run that is training: the checkpoints it lists may be removed before they
+    are looked at, and the one saved meanwhile missed; such a listing is taken again."""
+    folder = storage.as_path(run_dir) / CHECKPOINTS
+    for _ in range(ATTEMPTS):
+        found = ckpt_lib.complete(folder)
+        if found or not folder.is_dir() or not any(folder.glob("ckpt-*")):
+            return found
+    return found
 
 
 def _scan(run_dir: Path) -> tuple[Path | None, list[ckpt_lib.DamagedCheckpoint]]:
     """The newest checkpoint that verifies (or None) and the damaged ones newer than it.
 
     A run that is training removes its oldest checkpoints (train.keep) as it saves, perhaps
-    the one being verified: a checkpoint that fails and is gone a moment later was removed,
-    not damaged, and the scan starts again from the newest."""
-    for _ in range(5):
+    the one being verified: each is verified held open (`checkpoint.held`), and one that is
+    removed before it could be held was removed, not damaged: the scan starts again from the
+    newest."""
+    for _ in range(ATTEMPTS):
         damaged: list[ckpt_lib.DamagedCheckpoint] = []
         for checkpoint in reversed(complete_checkpoints(run_dir)):
             try:
-                ckpt_lib.verify(checkpoint)
+                with ckpt_lib.held(checkpoint) as held:
+                    ckpt_lib.verify(held)
             except (ckpt_lib.DamagedCheckpoint, OSError) as exc:
-                if _removed(checkpoint):
+                if ckpt_lib.removed(checkpoint):
                     break
                 if not isinstance(exc, ckpt_lib.DamagedCheckpoint):
                     raise
@@ -39,16 +51,6 @@ def _scan(run_dir: Path) -> tuple[Path | None, list[ckpt_lib.DamagedCheckpoint]]
         else:
             return None, damaged
     return None, damaged
-
-
-def _removed(checkpoint: Path, wait: float = 0.2) -> bool:
-    """Whether a checkpoint that failed to verify is being removed (it is gone shortly)."""
-    deadline = time.monotonic() + wait
-    while storage.as_path(checkpoint).exists():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _warn_damaged(damaged: list[ckpt_lib.DamagedCheckpoint], using: Path, warn: Warn) -> None:
