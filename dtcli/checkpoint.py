@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,8 +36,6 @@ REQUIRED = ("format", "step", "epoch", "epoch_state", "mesh", "recipe", "weights
 _NAME = re.compile(r"ckpt-(\d+)$")
 # A checkpoint held open while it is read (`held`): its private folder -> the checkpoint.
 _HELD: dict[Path, Path] = {}
-# Where an open file of this process can be opened again, even once it was removed (Linux).
-_FD_LINKS = Path("/proc/self/fd")
 
 
 class DamagedCheckpoint(UsageError):
@@ -70,28 +67,18 @@ def shown(checkpoint: Path) -> Path:
 
 @contextlib.contextmanager
 def held(checkpoint: Path) -> Iterator[Path]:
-    """The checkpoint's files held open while it is read, as a private folder of links to them.
-
-    A run in training removes its older checkpoints (train.keep) as it saves, perhaps the one
-    being read; a file held open stays readable once removed, so what is read through the
-    private folder is one whole checkpoint. FileNotFoundError when it was removed before its
-    files were open (perhaps only some of them: `verify` then names one missing). Where files
-    cannot be held (an object store, no /proc/self/fd), the checkpoint folder itself."""
+    """The checkpoint's files held open while it is read (storage.held_open): a run in training
+    removes its older checkpoints (train.keep) as it saves, perhaps the one being read; read
+    through the folder this gives, it stays one whole checkpoint. FileNotFoundError when it was
+    removed before its files were open (perhaps only some of them: `verify` then names one
+    missing). Messages name the checkpoint itself (`shown`)."""
     checkpoint = storage.as_path(checkpoint)
-    if storage.is_remote(checkpoint) or not _FD_LINKS.is_dir():
-        yield checkpoint
-        return
-    with contextlib.ExitStack() as stack:
-        private = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dtcli-held-")))
-        private = private / checkpoint.name
-        private.mkdir()
-        for path in checkpoint.iterdir():
-            fd = os.open(path, os.O_RDONLY)
-            stack.callback(os.close, fd)
-            os.symlink(_FD_LINKS / str(fd), private / path.name)
+    with storage.held_open(checkpoint) as private:
         _HELD[private] = checkpoint
-        stack.callback(_HELD.pop, private, None)
-        yield private
+        try:
+            yield private
+        finally:
+            _HELD.pop(private, None)
 
 
 def removed(checkpoint: Path, wait: float = 0.2) -> bool:

@@ -18,6 +18,8 @@ import fnmatch
 import os
 import re
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -297,3 +299,27 @@ def fsync_write(path: Path | RemotePath, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+# Where an open file of this process can be opened again, even once it was removed (Linux).
+_FD_LINKS = Path("/proc/self/fd")
+
+
+@contextlib.contextmanager
+def held_open(folder: Path) -> Iterator[Path]:
+    """A private folder of links to `folder`'s files, each held open meanwhile: what is read
+    through it stays readable if `folder` is removed (a file open is not freed). Where files
+    cannot be held (a remote file system, no /proc/self/fd), `folder` itself. FileNotFoundError
+    when a file goes before it is open."""
+    if is_remote(folder) or not _FD_LINKS.is_dir():
+        yield folder
+        return
+    with contextlib.ExitStack() as stack:
+        private = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dtcli-held-")))
+        private = private / folder.name
+        private.mkdir()
+        for path in folder.iterdir():
+            fd = os.open(path, os.O_RDONLY)
+            stack.callback(os.close, fd)
+            os.symlink(_FD_LINKS / str(fd), private / path.name)
+        yield private

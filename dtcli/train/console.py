@@ -105,7 +105,7 @@ def summary(
 
 def _kept(step: int, checkpoints: list[Path]) -> str:
     name = f"ckpt-{step:08d}"
-    if any(Path(c).name == name for c in checkpoints):
+    if any(c.name == name for c in checkpoints):  # a local or a remote (storage) path
         return f"its checkpoint {name} is kept"
     return "no checkpoint of it is kept (train.keep and train.checkpoint_every decide which are)"
 
