@@ -131,20 +131,35 @@ class Bar:
 
 
 class LaunchBar:
-    """Client 0's epoch progress, drawn by the launcher from the events client 0 sends."""
+    """Client 0's epoch progress, drawn by the launcher from the events client 0 sends; where
+    the launcher's output is no terminal, a plain line every PLAIN_EVERY seconds instead."""
 
     def __init__(self, console: Any):
         self.console = console
         self.progress = None
+        self.plain = not console.is_terminal
+        self._title, self._total, self._last = "", 0, 0.0
 
     def event(self, e: dict[str, Any]) -> None:
         kind = e.get("event")
         if kind == "start":
             self.stop()
+            self._title, self._total, self._last = e["title"], e["total"], time.monotonic()
+            if self.plain:
+                return
             self.progress = _progress(self.console, f"{e['title']} (client 0)")
             self.task = self.progress.add_task(
                 "train", total=e["total"], completed=e.get("done", 0), stats=""
             )
+        elif kind == "update" and self.plain:
+            now = time.monotonic()
+            if now - self._last >= PLAIN_EVERY:
+                self._last = now
+                self.console.print(
+                    f"[client 0] {self._title} {e['done']}/{self._total} {e['stats']}",
+                    highlight=False,
+                    markup=False,
+                )
         elif kind == "update" and self.progress is not None:
             self.progress.update(self.task, completed=e["done"], stats=e["stats"])
         elif kind == "stop":

@@ -174,8 +174,8 @@ def _supervise(
     failure: the others are on their way out too and get the grace period to finish saving.
     Returns (client, exit code, its last error line) of the first client that failed, or None.
     """
-    # Event lines are still consumed (not relayed) when the launcher's stderr is no terminal.
-    bar = progress_lib.LaunchBar(console) if progress and console.is_terminal else None
+    # Without a terminal the bar is a plain line now and then (a log shows the run is alive).
+    bar = progress_lib.LaunchBar(console) if progress else None
     open_streams = 2 * len(procs)
     last_error: dict[int, str] = {}
     failed: tuple[int, int, str] | None = None
