@@ -470,6 +470,7 @@ def run(argv: list[str] | None = None) -> int:
         return code
 
     try:
+        terminal.check_given_once(app, args)
         code = app(args, standalone_mode=False, prog_name="dtcli")
     except NoArgsIsHelpError:
         app(["--help"], standalone_mode=False, prog_name="dtcli")

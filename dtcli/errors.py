@@ -74,6 +74,9 @@ class Interrupted(Stopped):
 ONE_LINE_LIMIT = 300
 # TensorFlow's framing around an op error's cause ("{{function_node __inference_...}}").
 _FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+# ... and after it, the op that raised it (" [Op:ReduceDataset] name: "), which says nothing to a
+# user.
+_OP_SUFFIX = re.compile(r"\s*\[Op:\w+\](?: name: \S*)?[ \t]*$", re.M)
 
 
 def one_line(exc: BaseException, named: bool = False, text: str | None = None) -> str:
@@ -84,7 +87,8 @@ def one_line(exc: BaseException, named: bool = False, text: str | None = None) -
     wrapped error, a tf.data iterator's cause), rendered by the same rule."""
     if text is None:
         text = getattr(exc, "message", None) or str(exc)
-    lines = [line.strip() for line in _FUNCTION_NODE.sub("", text).splitlines() if line.strip()]
+    text = _OP_SUFFIX.sub("", _FUNCTION_NODE.sub("", text))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = lines[0][:ONE_LINE_LIMIT] if lines else ""
     if not first:
         return type(exc).__name__

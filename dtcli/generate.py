@@ -27,7 +27,9 @@ from dtcli.recipe import Overrides, Recipe
 MAX_TOKENS = 1_000_000
 
 
-def check_options(tokens: int, temperature: float, top_k: int | None, prompt: str | bytes) -> None:
+def check_options(
+    tokens: int, temperature: float, top_k: int | None, prompt: str | bytes, seed: int = 0
+) -> None:
     if not 1 <= tokens <= MAX_TOKENS:
         raise UsageError(f"--tokens {tokens}: expected an integer from 1 to {MAX_TOKENS:,}")
     if not (temperature >= 0 and np.isfinite(temperature)):
@@ -36,6 +38,8 @@ def check_options(tokens: int, temperature: float, top_k: int | None, prompt: st
         raise UsageError(f"--top-k {top_k}: expected a positive integer")
     if not prompt:
         raise UsageError("--prompt: expected at least one character")
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"--seed {seed}: expected an integer from 0 to 2**32 - 1")
 
 
 def prompt_bytes(prompt: str | bytes) -> bytes:
@@ -64,7 +68,7 @@ def stream(
     they are sampled: a piece per token (a byte that ends no UTF-8 character yet gives ""), so
     a caller can print it as it comes and keep it on Ctrl-C; "".join() gives the whole text.
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
-    check_options(tokens, temperature, top_k, prompt)
+    check_options(tokens, temperature, top_k, prompt, seed)
     prompt_bytes(prompt)  # before any work
     found = rundir.find_checkpoint(storage.as_path(path))
     recipe = rundir.checkpoint_recipe(found, Overrides(mesh=mesh, devices=devices))

@@ -38,6 +38,19 @@ class LoggedConsole(Console):
         self._plain.print(*objects, **kwargs)
         self._flush()
 
+    def on_broken_pipe(self) -> None:
+        """stderr's reader went away (`dtcli train ... 2>&1 | head -2`): the run goes on, and
+        its lines still reach train.log; what it prints from now on goes nowhere. (rich's own
+        handler exits 1, and a new run that fails is removed.)"""
+        self.quiet = True
+        try:
+            fd = self.file.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
     def log_only(self, line: str) -> None:
         """A line for the log only (the terminal got it another way, e.g. the final error)."""
         self._pending.write(line.rstrip("\n") + "\n")

@@ -119,3 +119,25 @@ def stdout_to_devnull() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def check_given_once(app: Any, args: list[str]) -> None:
+    """An option that takes one value, given twice (`--mesh batch=4 --mesh model=2`): Click keeps
+    the last one silently; dtcli refuses it, naming both."""
+    command = typer.main.get_command(app)
+    name = next((a for a in args if not a.startswith("-")), None)
+    sub = getattr(command, "commands", {}).get(name) if name else None
+    if sub is None:
+        return
+    for param in sub.params:
+        if getattr(param, "multiple", False) or getattr(param, "is_flag", False):
+            continue
+        for opt in (o for o in param.opts if o.startswith("--")):
+            values = [
+                args[i + 1] if a == opt and i + 1 < len(args) else a.partition("=")[2]
+                for i, a in enumerate(args)
+                if a == opt or a.startswith(opt + "=")
+            ]
+            if len(values) > 1:
+                given = ", then ".join(repr(v) for v in values)
+                raise UsageError(f"{opt}: given {len(values)} times ({given}); give it once")

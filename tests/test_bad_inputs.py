@@ -460,6 +460,10 @@ CASES: dict[str, Case] = {
     "generate missing": c("generate", "{tmp}/nope", expect="no such file"),
     "generate a classifier": c("generate", "{run}", expect="needs a language model"),
     "generate zero tokens": c("generate", "{run}", "--tokens", "0", expect="--tokens"),
+    "generate seed negative": c(
+        "generate", "{run}", "--seed", "-1", expect="--seed -1: expected an integer from 0 to"
+    ),
+    "generate seed past 2**32": c("generate", "{run}", "--seed", str(2**64), expect="--seed 1844"),
     "generate a billion tokens": c(
         "generate", "{run}", "--tokens", "1000000000", expect="--tokens 1000000000"
     ),
@@ -818,6 +822,38 @@ CASES: dict[str, Case] = {
     "doctor devices above the cap": c("doctor", "--devices", "cpu:9999", expect="--devices"),
     "doctor extra argument": c("doctor", "now", expect="unexpected extra argument"),
     "doctor unknown option": c("doctor", "--gpu", expect="No such option"),
+    # ---- from a new user's trial (issue 24)
+    "set a list item by index": t(
+        "model.layers[0].Dense.units=32",
+        expect="'model.layers' is a list: set an item by replacing the whole list, --set "
+        "'model.layers=[{Dense: {units: 32, activation: relu}}, {Dense: {units: 10}}]'",
+    ),
+    "mesh given twice": c(
+        "train",
+        "{q}",
+        "--mesh",
+        "batch=4",
+        "--mesh",
+        "model=2",
+        expect="--mesh: given 2 times ('batch=4', then 'model=2'); give it once",
+    ),
+    "out a link to nothing": c(
+        "train",
+        "{q}",
+        "--out",
+        "{tmp}/link",
+        setup=lambda tmp: (tmp / "link").symlink_to(tmp / "nowhere"),
+        expect="is a symbolic link to nothing; expected a folder for the run",
+    ),
+    "resume whose lock is a folder": c(
+        "train",
+        "--resume",
+        "{run}",
+        "--epochs",
+        "5",
+        damage=lambda run: (run / rundir.LOCK).mkdir(),
+        expect="its .dtcli.lock is a folder, expected dtcli's lock file",
+    ),
     # ---- the top level
     "unknown command": c("fit", "{q}", expect="No such command"),
     "misspelt command": c("trian", "{q}", expect="No such command"),

@@ -171,6 +171,8 @@ def test_one_line_and_printed_render_an_exception_as_one_line():
     assert one_line(ValueError(""), named=True) == "ValueError"
     assert one_line(OpError("ignored"), named=True) == "OpError: Connection reset"
     assert len(one_line(ValueError("y" * 1000))) == ONE_LINE_LIMIT
+    corrupt = "corrupted record at 0 (Is this even a TFRecord file?) [Op:ReduceDataset] name: "
+    assert one_line(ValueError(corrupt)) == "corrupted record at 0 (Is this even a TFRecord file?)"
     assert printed(UsageError("recipe key 'seed': bad")) == "error: recipe key 'seed': bad"
     assert printed(TrainingError("disk full")) == "error: disk full"
     assert printed(KeyboardInterrupt()) == "error: interrupted"
@@ -262,3 +264,37 @@ def test_a_closed_pipe_ends_quietly_with_exit_0(command):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0, err
     assert err == ""
+
+
+def test_a_closed_stderr_pipe_does_not_stop_or_remove_the_run(tmp_path):
+    """`dtcli train ... 2>&1 | head -1`: the reader of the progress lines goes away while the
+    run trains; the run goes on to its end (train.log has it all), exit 0, nothing removed."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, env
+
+    out = tmp_path / "run"
+    args = [
+        "--epochs",
+        "2",
+        "--set",
+        "train.steps_per_epoch=3",
+        "--set",
+        "train.checkpoint_every=1",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtcli.cli", "train", QUICK, *args, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env(),
+    )
+    proc.stdout.readline()  # the first line, then the reader is gone (as `| head -1`)
+    proc.stdout.close()
+    assert proc.wait(timeout=600) == 0
+    assert sorted(p.name for p in (out / "checkpoints").glob("ckpt-*")) == [
+        "ckpt-00000003",
+        "ckpt-00000006",
+    ]
+    assert "done:" in (out / "train.log").read_text()

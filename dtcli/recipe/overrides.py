@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,7 +146,8 @@ def _with_layout_axes(axes: dict[str, int], layouts: Any) -> dict[str, int]:
 def apply_set(raw: dict, assignment: str) -> None:
     """Apply one `--set key.path=value` to the raw recipe mapping (value parsed as YAML)."""
     key, sep, text = assignment.partition("=")
-    parts = key.strip().split(".")
+    # `layers[0].Dense` reads as `layers.0.Dense`: both reach into a list, which says how.
+    parts = re.sub(r"\[(\w*)\]", r".\1", key.strip()).split(".")
     if not sep or not key.strip() or any(not p for p in parts):
         raise UsageError(
             f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4"

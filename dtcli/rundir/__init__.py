@@ -203,7 +203,11 @@ def check_new(path: Path, arg: str = "--out") -> None:
             if _holds_more_than_a_start(path):
                 raise _not_empty(arg, path)
             return
-        if path.exists() or path.is_symlink():
+        if path.is_symlink() and not path.exists():
+            raise UsageError(
+                f"{arg} {str(path)!r}: is a symbolic link to nothing; expected a folder for the run"
+            )
+        if path.exists():
             raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder for the run")
         blocking = _blocking_parent(path)
         if blocking is not None:

@@ -72,6 +72,11 @@ class Lock:
             existed = self.path.exists()
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except IsADirectoryError:
+                raise UsageError(
+                    f"{arg} {str(run_dir)!r}: its {LOCK} is a folder, expected dtcli's lock "
+                    "file; remove that folder"
+                ) from None
             except OSError as exc:
                 raise UsageError(
                     f"{arg} {str(run_dir)!r}: cannot write there ({os_reason(exc)})"
