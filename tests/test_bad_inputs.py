@@ -828,6 +828,10 @@ CASES: dict[str, Case] = {
         expect="'model.layers' is a list: set an item by replacing the whole list, --set "
         "'model.layers=[{Dense: {units: 32, activation: relu}}, {Dense: {units: 10}}]'",
     ),
+    "activation misspelt": t(
+        "model.layers=[{Dense: {units: 8, activation: relux}}, {Dense: {units: 10}}]",
+        expect="Unknown activation function 'relux' cannot be deserialized. (did you mean 'relu'?)",
+    ),
     "mesh given twice": c(
         "train",
         "{q}",

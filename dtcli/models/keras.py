@@ -76,10 +76,26 @@ def _layer_list(cfg: ModelConfig) -> list:
         try:
             layers.append(cls(**args))
         except (TypeError, ValueError) as exc:
-            raise UsageError(f"recipe key '{key}.{name}': {message_line(exc)}") from None
+            why = message_line(exc) + _activation_hint(args.get("activation"))
+            raise UsageError(f"recipe key '{key}.{name}': {why}") from None
         except Exception as exc:  # noqa: BLE001 - a layer's constructor may raise anything
             raise UsageError(f"recipe key '{key}.{name}': {first_line(exc)}") from None
     return layers
+
+
+def _activation_hint(activation: Any) -> str:
+    """For an activation tf-keras does not know: the close name, or the names it knows."""
+    import difflib
+
+    import tf_keras
+
+    helpers = ("_", "get", "serialize", "deserialize")  # functions that are not activations
+    names = dir(tf_keras.activations)
+    known = sorted(n for n in names if n.islower() and not n.startswith(helpers))
+    if not isinstance(activation, str) or activation in known:
+        return ""
+    close = difflib.get_close_matches(activation, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
 
 
 def make_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
