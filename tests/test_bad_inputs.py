@@ -832,6 +832,16 @@ CASES: dict[str, Case] = {
         "model.layers=[{Dense: {units: 8, activation: relux}}, {Dense: {units: 10}}]",
         expect="Unknown activation function 'relux' cannot be deserialized. (did you mean 'relu'?)",
     ),
+    "epochs past any run": c(
+        "train",
+        "{q}",
+        "--epochs",
+        str(10**20),
+        expect="recipe key 'train.epochs': expected at most 2**31 - 1 (2,147,483,647), got 1",
+    ),
+    "steps past any run": lm(
+        "train.steps=3000000000", expect="recipe key 'train.steps': expected at most"
+    ),
     "mesh given twice": c(
         "train",
         "{q}",

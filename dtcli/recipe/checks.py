@@ -230,7 +230,19 @@ def _check_task(recipe: Recipe) -> None:
         )
 
 
+# The most epochs or steps a run may count: far more than any run trains, and every counter of
+# steps (the optimizer's, the data position, TensorBoard's) holds it.
+MAX_COUNT = 2**31 - 1
+
+
 def _check_train(t: TrainConfig) -> None:
+    for key in ("epochs", "steps"):
+        value = getattr(t, key)
+        if value is not None and value > MAX_COUNT:
+            raise UsageError(
+                f"recipe key 'train.{key}': expected at most 2**31 - 1 ({MAX_COUNT:,}), "
+                f"got {value:,}"
+            )
     if t.epochs < 1:
         raise UsageError(f"recipe key 'train.epochs': expected an integer >= 1, got {t.epochs}")
     if t.steps_per_epoch is not None and t.steps_per_epoch < 1:
