@@ -202,6 +202,7 @@ def train(
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
     from dtcli import cluster as cluster_lib
+    from dtcli import devices as devices_lib
     from dtcli import progress as progress_lib
     from dtcli import rundir
     from dtcli import train as train_lib
@@ -227,6 +228,7 @@ def train(
         connect_timeout=connect_timeout,
         grace=grace_period,
         profile=steps,
+        devices_key=devices_lib.key_for(devices),
     )
     if not progress_lib.launched() and (cluster is None or cluster.is_chief):
         print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
@@ -429,12 +431,15 @@ def plot(
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""
-    from dtcli import storage
+    from dtcli import rundir, storage
     from dtcli.plot import plot_runs
 
     paths = [storage.as_path(r) for r in run_dirs]
+    if out is None and len(paths) == 1:  # the default: name the run the user gave
+        rundir.check_plots(run_dirs[0])
     target = storage.as_path(out) if out else (paths[0] / "plots" if len(paths) == 1 else "plots")
-    for path in plot_runs(paths, target, metric or None):
+    out_arg = "--out" if out else "the default --out"
+    for path in plot_runs(paths, target, metric or None, out_arg=out_arg):
         print(path)
 
 

@@ -25,7 +25,16 @@ class DeviceSpec:
 MAX_VIRTUAL_CPUS = 64
 
 
-def parse(spec: str, where: str = "recipe key 'devices'") -> DeviceSpec:
+RECIPE_KEY = "recipe key 'devices'"
+
+
+def key_for(given: str | None) -> str:
+    """How messages name the devices: --devices when the command line gave them (the value the
+    recipe then holds), else the recipe key."""
+    return "--devices" if given is not None else RECIPE_KEY
+
+
+def parse(spec: str, where: str = RECIPE_KEY) -> DeviceSpec:
     m = re.fullmatch(r"(cpu|gpu|tpu|auto)(?::(\d+))?", spec.strip().lower())
     if not m or (m.group(1) in ("tpu", "auto") and m.group(2)) or m.group(2) == "0":
         raise UsageError(f"{where}: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got {spec!r}")
@@ -65,7 +74,7 @@ class Devices:
 def configure(
     spec: str,
     wanted: int | None,
-    key: str = "recipe key 'devices'",
+    key: str = RECIPE_KEY,
     cluster: Cluster | None = None,
 ) -> Devices:
     """Configure TensorFlow's devices for `spec`; call before any TensorFlow op runs.

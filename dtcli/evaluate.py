@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
+from dtcli import devices as devices_lib
 from dtcli import recipe as recipe_lib
 from dtcli import storage
 from dtcli.errors import UsageError
@@ -62,7 +63,7 @@ def evaluate_path(
     found, recipe = read_held(
         found, newest, lambda held: checkpoint_recipe(held, overrides, batch_size)
     )
-    return evaluate_checkpoint(found, recipe, split, newest)
+    return evaluate_checkpoint(found, recipe, split, newest, devices_lib.key_for(overrides.devices))
 
 
 def read_held(checkpoint: Path, newest: Any, read: Callable[[Path], Any]) -> tuple[Path, Any]:
@@ -93,7 +94,11 @@ def read_held(checkpoint: Path, newest: Any, read: Callable[[Path], Any]) -> tup
 
 
 def evaluate_checkpoint(
-    checkpoint: Path, recipe: Recipe, split: str = "eval", newest: Any = None
+    checkpoint: Path,
+    recipe: Recipe,
+    split: str = "eval",
+    newest: Any = None,
+    devices_key: str = devices_lib.RECIPE_KEY,
 ) -> dict[str, Any]:
     """Restore `checkpoint` onto `recipe`'s mesh and evaluate it on every example of `split`.
 
@@ -106,7 +111,8 @@ def evaluate_checkpoint(
     if split == "train":  # read as an eval split is: from the host, each example once
         data = dataclasses.replace(recipe.data, placement="host")
         recipe = recipe_lib.replace(recipe, data=data)
-    session = session_lib.prepare(recipe, splits=(split,) if split == "train" else ("eval",))
+    splits = (split,) if split == "train" else ("eval",)
+    session = session_lib.prepare(recipe, splits=splits, devices_key=devices_key)
 
     def restore(held: Path) -> dict[str, Any]:
         ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dtcli import checkpoint as ckpt_lib
+from dtcli import devices as devices_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
 from dtcli.recipe import Overrides, Recipe
@@ -77,7 +78,7 @@ def stream(
             f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "
             f"this run's task is {recipe.task}"
         )
-    session = _restored_session(found, recipe, use_devices)
+    session = _restored_session(found, recipe, use_devices, devices_lib.key_for(devices))
     context = session.data.input_shape[0]
     vocab = session.data.num_classes
     if top_k is not None and top_k > vocab:
@@ -104,7 +105,9 @@ def stream(
     yield decoder.decode(b"", final=True)
 
 
-def _restored_session(found: Path, recipe: Recipe, use_devices: int | None) -> Any:
+def _restored_session(
+    found: Path, recipe: Recipe, use_devices: int | None, devices_key: str
+) -> Any:
     """A session on the target mesh, without data, with the checkpoint restored into it."""
     from dtcli import tfruntime
 
@@ -112,7 +115,9 @@ def _restored_session(found: Path, recipe: Recipe, use_devices: int | None) -> A
     from dtcli import session as session_lib
     from dtcli.layout import layout_warnings
 
-    session = session_lib.prepare(recipe, splits=(), use_devices=use_devices)
+    session = session_lib.prepare(
+        recipe, splits=(), use_devices=use_devices, devices_key=devices_key
+    )
     rules = recipe.layouts.rules
     # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
     for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):

@@ -67,9 +67,14 @@ def load_runs(run_dirs: list[Path], warn: Any = None) -> dict[str, list[dict[str
 
 
 def plot_runs(
-    run_dirs: list[Path], out_dir: Path, metrics: list[str] | None = None, warn: Any = None
+    run_dirs: list[Path],
+    out_dir: Path,
+    metrics: list[str] | None = None,
+    warn: Any = None,
+    out_arg: str = "--out",
 ) -> list[Path]:
-    """Write one PNG per metric; with several runs, their curves overlay in each figure."""
+    """Write one PNG per metric; with several runs, their curves overlay in each figure.
+    `out_arg`: how messages name `out_dir` (the user may not have given --out)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,7 +85,7 @@ def plot_runs(
             raise UsageError(f"--metric {metric!r}: expected one of {', '.join(FIGURES)}")
     out_dir = storage.as_path(out_dir)
     runs = load_runs(run_dirs, warn)  # first: a wrong RUN_DIR also makes its default --out wrong
-    rundir.check_output_folder(out_dir, "--out", refuse_held=False)
+    rundir.check_output_folder(out_dir, out_arg, refuse_held=False)
     steps = load_steps(run_dirs, list(runs), warn)
     # A language model (train.steps runs) is drawn against the step, and has more to show.
     language = any("eval_perplexity" in r for records in runs.values() for r in records)
@@ -91,13 +96,13 @@ def plot_runs(
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(
-            f"--out {str(out_dir)!r}: cannot create it ({rundir.os_reason(exc)})"
+            f"{out_arg} {str(out_dir)!r}: cannot create it ({rundir.os_reason(exc)})"
         ) from None
     written = []
     for metric in wanted:
         fig = _figure(plt, metric, runs, steps, language)
         try:
-            written.append(_save(fig, out_dir / f"{metric}.png", out_dir))
+            written.append(_save(fig, out_dir / f"{metric}.png", out_dir, out_arg))
         finally:
             plt.close(fig)
     return written
@@ -184,7 +189,7 @@ def _curves(
         )
 
 
-def _save(fig: Any, path: Path, out_dir: Path) -> Path:
+def _save(fig: Any, path: Path, out_dir: Path, out_arg: str) -> Path:
     try:
         # Replaced whole: a reader (or a plot of a running run) never sees half a PNG.
         image = io.BytesIO()
@@ -192,6 +197,6 @@ def _save(fig: Any, path: Path, out_dir: Path) -> Path:
         storage.write_atomic(path, image.getvalue())
     except OSError as exc:
         raise UsageError(
-            f"--out {str(out_dir)!r}: cannot write {path.name} ({rundir.os_reason(exc)})"
+            f"{out_arg} {str(out_dir)!r}: cannot write {path.name} ({rundir.os_reason(exc)})"
         ) from None
     return path

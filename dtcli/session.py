@@ -78,6 +78,7 @@ def prepare(
     splits: tuple[str, ...] = ("train", "eval"),
     cluster: cluster_lib.Cluster | None = None,
     use_devices: int | None = None,
+    devices_key: str = devices_lib.RECIPE_KEY,
 ) -> Session:
     """Configure devices, then load data and build the model and optimizer on the mesh.
 
@@ -86,9 +87,10 @@ def prepare(
     process can compare a 1-device mesh with a multi-device one, as `dtcli doctor` does).
     With a `cluster` this process is one client of a multi-client run: it configures only its
     own devices and the mesh spans every client's (the global device list).
+    `devices_key`: how messages name the devices (--devices when the command line gave them).
     """
     want = mesh_lib.device_count_for(recipe.mesh)
-    devices = devices_lib.configure(recipe.devices, want, cluster=cluster)
+    devices = devices_lib.configure(recipe.devices, want, devices_key, cluster=cluster)
     if use_devices is not None:
         devices = devices_lib.Devices(devices.device_type, use_devices)
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
@@ -153,14 +155,22 @@ def _model_on_mesh(
 
 def _check_steps_per_epoch(recipe: Recipe, dataset: data_lib.Dataset) -> None:
     """A train.steps run's epochs (train.eval_every steps) fit in one pass over the data."""
-    batch_size = recipe.data.batch_size
-    steps = recipe.train.steps_per_epoch
-    if recipe.train.steps and steps > pipeline_lib.steps_per_epoch(len(dataset.train), batch_size):
+    batch_size, t = recipe.data.batch_size, recipe.train
+    steps = t.steps_per_epoch
+    one_pass = pipeline_lib.steps_per_epoch(len(dataset.train), batch_size)
+    if not t.steps or steps <= one_pass:
+        return
+    data = f"the training data ({len(dataset.train)} examples in batches of {batch_size}: "
+    if steps == t.steps:  # eval_every not given (it defaults to train.steps), or set equal
         raise UsageError(
-            f"recipe key 'train.eval_every': {steps} steps is more than one pass over the "
-            f"training data ({len(dataset.train)} examples in batches of {batch_size}); "
-            "use at most that many"
+            f"recipe key 'train.steps': {steps} steps between evaluations (train.eval_every "
+            f"unset or equal to train.steps) is more than one pass over {data}{one_pass} "
+            f"batches); set train.eval_every to at most {one_pass}"
         )
+    raise UsageError(
+        f"recipe key 'train.eval_every': {steps} steps is more than one pass over {data}"
+        f"{one_pass} batches); use at most {one_pass}"
+    )
 
 
 def _train_feed(

@@ -146,6 +146,12 @@ def resume_edit(edit: Callable[[dict], None]):
     return setup
 
 
+def plots_a_file(run: Path) -> None:
+    if (run / rundir.PLOTS).is_dir():
+        shutil.rmtree(run / rundir.PLOTS)
+    (run / rundir.PLOTS).write_text("not a folder")
+
+
 # Set/reset in the test: a lock held by this process on another open file (flock is per open file).
 HELD: list = []
 
@@ -198,6 +204,13 @@ CASES: dict[str, Case] = {
     "devices cpu:08": t("devices=cpu:08", expect="devices"),
     "devices too many cpus": t("devices=cpu:100000", expect="devices"),
     "devices npu": t("devices=npu", expect="devices"),
+    # more GPUs than there are: named as the user gave them (the recipe's own key otherwise)
+    "devices option more gpus than there are": c(
+        "train", "{q}", "--devices", "gpu:64", expect="error: --devices = 'gpu:64': "
+    ),
+    "devices key more gpus than there are": t(
+        "devices=gpu:64", expect="error: recipe key 'devices' = 'gpu:64': "
+    ),
     "devices a number": t("devices=8", expect="recipe key 'devices'"),
     "mesh axis zero": t("mesh.batch=0", expect="mesh"),
     "mesh axis -2": t("mesh.batch=-2", expect="mesh"),
@@ -301,7 +314,28 @@ CASES: dict[str, Case] = {
     "data tfds misspelt": t("data.source=tfds", "data.name=mnistt", expect="mnist"),
     "tfrecord without path": t("data.source=tfrecord", expect="recipe key 'data.path'"),
     "tfrecord without eval path": t(
-        "data.source=tfrecord", "data.path=x-*", expect="recipe key 'data.eval_path'"
+        "data.source=tfrecord",
+        "data.path=x-*",
+        expect="recipe key 'data.eval_path': source tfrecord requires it (a glob of the "
+        "evaluation TFRecord files) and it is missing",
+    ),
+    "images without eval path": t(
+        "data.source=images",
+        "data.path={tmp}",
+        "data.shape=[28,28,1]",
+        expect="recipe key 'data.eval_path': source images requires it (the evaluation folder, "
+        "one subfolder of images per class) and it is missing",
+    ),
+    "embedded with a path": t(
+        "data.path=/tmp",
+        expect="recipe key 'data.path': source embedded reads no files (its data is shipped "
+        "inside dtcli); to read MNIST files set data.source=idx",
+    ),
+    "synthetic with an eval path": t(
+        "data.source=synthetic",
+        "data.shape=[64]",
+        "data.eval_path=/tmp",
+        expect="recipe key 'data.eval_path': source synthetic reads no files",
     ),
     "tfrecord glob matches nothing": t(
         "data.source=tfrecord",
@@ -436,7 +470,14 @@ CASES: dict[str, Case] = {
     "eval_every without steps": t("train.eval_every=5", expect="recipe key 'train.eval_every'"),
     "steps zero": lm("train.steps=0", expect="recipe key 'train.steps'"),
     "eval_every past an epoch": t(
-        "train.steps=1000", "train.eval_every=1000", expect="recipe key 'train.eval_every'"
+        "train.steps=1000", "train.eval_every=100", expect="recipe key 'train.eval_every'"
+    ),
+    # no train.eval_every: it defaults to train.steps, the key the user gave (issue 24)
+    "steps past an epoch, no eval_every": t(
+        "train.steps=40",
+        expect="recipe key 'train.steps': 40 steps between evaluations (train.eval_every unset "
+        "or equal to train.steps) is more than one pass over the training data (1437 examples "
+        "in batches of 64: 23 batches); set train.eval_every to at most 23",
     ),
     "epochs on a steps recipe": c("train", GPT, "--epochs", "3", expect="--epochs"),
     "schedule unknown": t("optimizer.schedule=linear", expect="optimizer.schedule"),
@@ -654,11 +695,24 @@ CASES: dict[str, Case] = {
     ),
     "resume bad devices": c("train", "--resume", "{run}", "--devices", "cpu:x", expect="--devices"),
     "resume a checkpoint folder": c("train", "--resume", "{ckpt}", expect="--resume"),
+    # refused before training (it failed after it, exit 1, naming an --out never given)
+    "resume plots a file": c(
+        "train",
+        "--resume",
+        "{run}",
+        "--epochs",
+        "5",
+        expect="--resume '{run}': its plots ('{run}/plots') is a file, expected a folder",
+        damage=plots_a_file,
+    ),
     # ---- eval
     "eval missing": c("eval", "{tmp}/nope", expect="no such file or folder"),
     "eval ram missing": c("eval", "ram://nothing/run", expect="no such file or folder"),
     "eval on s3 without a plug-in": c("eval", "s3://bucket/run", expect="cannot use it"),
     "eval a file": c("eval", "{tmp}/f", expect="CHECKPOINT", setup=file_at("f")),
+    "eval devices more gpus than there are": c(
+        "eval", "{run}", "--devices", "gpu:64", expect="error: --devices = 'gpu:64': "
+    ),
     "eval an empty folder": c("eval", "{tmp}/e", expect="CHECKPOINT", setup=folder_at("e")),
     "eval no checkpoint": c("eval", "{run}", expect="checkpoint", damage=no_checkpoints),
     "eval all damaged": c("eval", "{run}", expect="damaged", damage=damaged_all("random index")),
@@ -740,6 +794,19 @@ CASES: dict[str, Case] = {
     ),
     "plot out under a file": c(
         "plot", "{run}", "--out", "{tmp}/f/p", expect="is a file", setup=file_at("f")
+    ),
+    "plot plots a file": c(
+        "plot",
+        "{run}",
+        expect="RUN_DIR '{run}': its plots ('{run}/plots') is a file, expected a folder",
+        damage=plots_a_file,
+    ),
+    "plot default out a file": c(
+        "plot",
+        "{run}",
+        "{run}",
+        expect="the default --out 'plots': is a file",
+        setup=file_at("plots"),
     ),
     "plot out in /proc": c("plot", "{run}", "--out", "/proc/dtcli-plots", expect="--out"),
     "plot one of two missing": c("plot", "{run}", "{tmp}/nope", "--out", "{tmp}/p", expect="nope"),

@@ -246,7 +246,7 @@ def test_env_reference_unset_or_malformed_names_the_key_and_variable(tmp_path):
 
 def test_dump_writes_a_literal_dollar_brace_so_the_resolved_recipe_loads_back(tmp_path):
     raw = raw_quickstart()
-    raw["data"]["path"] = "a${b}"
+    raw["data"].update(source="idx", path="a${b}")  # embedded data reads no data.path
     recipe = R.from_mapping(raw)
     path = write(tmp_path, "resolved.yaml", R.dump(recipe))
     assert R.load(path) == recipe

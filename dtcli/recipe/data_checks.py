@@ -86,10 +86,19 @@ def _check_source_needs(d: DataConfig) -> None:
     if d.source == "idx" and not d.path:
         raise UsageError("recipe key 'data.path': source idx needs the folder of IDX files")
     if d.source in ("tfrecord", "images"):
-        what = "a glob of TFRecord files" if d.source == "tfrecord" else "a folder of class folders"
-        for key in ("path", "eval_path"):
+        for key, split in (("path", "training"), ("eval_path", "evaluation")):
             if not getattr(d, key):
-                raise UsageError(f"recipe key 'data.{key}': source {d.source} needs {what}")
+                what = (
+                    f"a glob of the {split} TFRecord files"
+                    if d.source == "tfrecord"
+                    else f"the {split} folder, one subfolder of images per class"
+                )
+                raise UsageError(
+                    f"recipe key 'data.{key}': source {d.source} requires it ({what}) and it "
+                    "is missing"
+                )
+    if d.source in ("embedded", "synthetic"):
+        _check_no_files(d)
     if d.context is not None and d.context < 1:
         raise UsageError(f"recipe key 'data.context': expected an integer >= 1, got {d.context}")
     tfds_key = (
@@ -104,6 +113,18 @@ def _check_source_needs(d: DataConfig) -> None:
             f"recipe key '{tfds_key}': TFDS data sets need the tfds extra, which is not "
             "installed: pip install 'dtensor-cli[tfds]'"
         )
+
+
+def _check_no_files(d: DataConfig) -> None:
+    """Embedded and synthetic data read no files: a data.path would be silently ignored."""
+    for key in ("path", "eval_path"):
+        if getattr(d, key):
+            made = "shipped inside dtcli" if d.source == "embedded" else "made in memory"
+            raise UsageError(
+                f"recipe key 'data.{key}': source {d.source} reads no files (its data is "
+                f"{made}); to read MNIST files set data.source=idx (images: data.source=images, "
+                "TFRecords: tfrecord, text: text), or remove data." + key
+            )
 
 
 def _check_reading(d: DataConfig) -> None:

@@ -29,6 +29,19 @@ def stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def check_plots(run_dir: Any, arg: str = "RUN_DIR") -> None:
+    """The run's plots/ is a folder or not there yet (a file there would fail the plots after
+    training): one line naming the run as the user gave it."""
+    plots = storage.as_path(run_dir) / PLOTS
+    with reachable(arg, run_dir):
+        is_file = plots.exists() and not plots.is_dir()
+    if is_file:
+        raise UsageError(
+            f"{arg} {str(run_dir)!r}: its {PLOTS} ({str(plots)!r}) is a file, expected a folder "
+            "for the PNGs; move it away"
+        )
+
+
 def os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 

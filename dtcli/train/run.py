@@ -65,6 +65,7 @@ class Run:
     folder: rundir.RunDir | None = None
     latest: Path | None = None  # the checkpoint a resume starts from
     meta: dict[str, Any] | None = field(default=None, repr=False)  # its meta.json
+    devices_key: str = devices_lib.RECIPE_KEY  # --devices when the command line gave them
 
     def warn(self, message: str) -> None:
         self.console.print(message, markup=False, highlight=False)
@@ -80,6 +81,7 @@ def train(
     connect_timeout: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT,
     grace: float = DEFAULT_GRACE,
     profile: tuple[int, int] | None = None,
+    devices_key: str = devices_lib.RECIPE_KEY,
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
@@ -114,6 +116,7 @@ def train(
             early,
             chief=chief,
             logged=chief and isinstance(console, runlog.LoggedConsole),
+            devices_key=devices_key,
         )
         with silent_stop(not chief and progress_lib.launched()):
             return _open_and_train(run)
@@ -128,7 +131,7 @@ def _open_and_train(run: Run) -> RunResult:
             recipe.devices,
             mesh_lib.device_count_for(recipe.mesh),
             cluster.num_clients,
-            "recipe key 'devices'",
+            run.devices_key,
         )
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
     try:
@@ -194,7 +197,7 @@ def _train(run: Run) -> RunResult:
         run.recipe.train, run.meta["step"], run.meta["epoch_state"]["epoch"]
     ):
         return _nothing_to_train(run)
-    session = prepare(run.recipe, cluster=run.cluster)
+    session = prepare(run.recipe, cluster=run.cluster, devices_key=run.devices_key)
     run.recipe = session.recipe
     train_step, eval_step = make_steps(session)
     checkpointer = _checkpointer(run, session)
@@ -313,7 +316,8 @@ def _plot(folder: rundir.RunDir) -> None:
     from dtcli import plot as plot_lib
 
     try:
-        plot_lib.plot_runs([folder.path], folder.plots)
+        rundir.check_plots(folder.path, "the run folder")  # a file made there while it trained
+        plot_lib.plot_runs([folder.path], folder.plots, out_arg="the run's plots")
     except UsageError as exc:  # plots cannot be written (a full disk): training is done
         raise TrainingError(
             f"{exc}; training finished and its checkpoints and metrics are complete"
