@@ -237,7 +237,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     out: dict = {}
     for path in sorted(folder.rglob("*")):
         rel = str(path.relative_to(folder))
-        out[rel] = None if path.is_dir() else path.read_bytes()
+        if path.is_symlink():  # (perhaps to nothing): where it points
+            out[rel] = f"-> {os.readlink(path)}".encode()
+        else:
+            out[rel] = None if path.is_dir() else path.read_bytes()
     return out
 
 

@@ -438,6 +438,7 @@ ALLOWED = (
     "os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)",
     "os.unlink(self.path)",
     "Path(args[0]).name",
+    "os.open(os.devnull, os.O_WRONLY)",  # a closed stderr pipe's output goes nowhere
 )
 RUN_DIR_MODULES = (
     "rundir", "checkpoint", "metrics", "runlog", "train", "evaluate", "plot", "generate",
