@@ -34,6 +34,11 @@ def key_for(given: str | None) -> str:
     return "--devices" if given is not None else RECIPE_KEY
 
 
+def _named(key: str, spec: str) -> str:
+    """`--devices 'gpu'` for the option, `recipe key 'devices' = 'gpu'` for the key."""
+    return f"{key} {spec!r}" if key.startswith("--") else f"{key} = {spec!r}"
+
+
 def parse(spec: str, where: str = RECIPE_KEY) -> DeviceSpec:
     m = re.fullmatch(r"(cpu|gpu|tpu|auto)(?::(\d+))?", spec.strip().lower())
     if not m or (m.group(1) in ("tpu", "auto") and m.group(2)) or m.group(2) == "0":
@@ -106,7 +111,7 @@ def _configure(tf: Any, parsed: DeviceSpec, spec: str, wanted: int | None, key: 
         dtensor.initialize_accelerator_system("TPU")
     except Exception as exc:  # noqa: BLE001 - TPU init raises many types
         raise UsageError(
-            f"{key} = {spec!r}: could not start the TPU system ({one_line(exc)})"
+            f"{_named(key, spec)}: could not start the TPU system ({one_line(exc)})"
         ) from None
     return Devices("TPU", len(tf.config.list_logical_devices("TPU")))
 
@@ -120,10 +125,12 @@ def _kind(tf: Any, parsed: DeviceSpec) -> str:
 def _visible_gpus(tf: Any, count: int | None, spec: str, key: str) -> int:
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        raise UsageError(f"{key} = {spec!r}: TensorFlow sees no GPU on this machine")
+        raise UsageError(f"{_named(key, spec)}: TensorFlow sees no GPU on this machine")
     count = count or len(gpus)
     if count > len(gpus):
-        raise UsageError(f"{key} = {spec!r}: asked for {count} GPUs, TensorFlow sees {len(gpus)}")
+        raise UsageError(
+            f"{_named(key, spec)}: asked for {count} GPUs, TensorFlow sees {len(gpus)}"
+        )
     try:
         tf.config.set_visible_devices(gpus[:count], "GPU")
         for gpu in gpus[:count]:

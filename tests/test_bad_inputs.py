@@ -206,7 +206,7 @@ CASES: dict[str, Case] = {
     "devices npu": t("devices=npu", expect="devices"),
     # more GPUs than there are: named as the user gave them (the recipe's own key otherwise)
     "devices option more gpus than there are": c(
-        "train", "{q}", "--devices", "gpu:64", expect="error: --devices = 'gpu:64': "
+        "train", "{q}", "--devices", "gpu:64", expect="error: --devices 'gpu:64': "
     ),
     "devices key more gpus than there are": t(
         "devices=gpu:64", expect="error: recipe key 'devices' = 'gpu:64': "
@@ -711,7 +711,7 @@ CASES: dict[str, Case] = {
     "eval on s3 without a plug-in": c("eval", "s3://bucket/run", expect="cannot use it"),
     "eval a file": c("eval", "{tmp}/f", expect="CHECKPOINT", setup=file_at("f")),
     "eval devices more gpus than there are": c(
-        "eval", "{run}", "--devices", "gpu:64", expect="error: --devices = 'gpu:64': "
+        "eval", "{run}", "--devices", "gpu:64", expect="error: --devices 'gpu:64': "
     ),
     "eval an empty folder": c("eval", "{tmp}/e", expect="CHECKPOINT", setup=folder_at("e")),
     "eval no checkpoint": c("eval", "{run}", expect="checkpoint", damage=no_checkpoints),
