@@ -21,6 +21,18 @@ from rich.console import Console
 from dtcli import storage
 
 
+def to_devnull(stream: Any) -> None:
+    """A stream whose reader went away (a closed pipe): what is still written to it goes
+    nowhere, so that no later write, nor Python's flush at exit, fails on it once more."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 class LoggedConsole(Console):
     """A rich Console (stderr) whose printed lines are also kept for the run's train.log."""
 
@@ -43,13 +55,7 @@ class LoggedConsole(Console):
         its lines still reach train.log; what it prints from now on goes nowhere. (rich's own
         handler exits 1, and a new run that fails is removed.)"""
         self.quiet = True
-        try:
-            fd = self.file.fileno()
-        except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
-            return
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
+        to_devnull(self.file)
 
     def log_only(self, line: str) -> None:
         """A line for the log only (the terminal got it another way, e.g. the final error)."""

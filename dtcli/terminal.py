@@ -4,13 +4,13 @@ cli.py builds the app from these; nothing here imports a command."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
 
+from dtcli import runlog
 from dtcli.errors import UsageError
 
 
@@ -112,13 +112,7 @@ def completion_shells(args: list[str]) -> list[str]:
 def stdout_to_devnull() -> None:
     """A closed pipe on stdout: what is left unwritten goes nowhere, so that Python's flush at
     exit does not fail once more ("Exception ignored ... BrokenPipeError")."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
+    runlog.to_devnull(sys.stdout)
 
 
 def check_given_once(app: Any, args: list[str]) -> None:
