@@ -282,19 +282,3 @@ def finished(train: TrainConfig, step: int, epoch: int) -> bool:
     if train.steps is not None:
         return step >= train.steps
     return epoch >= train.epochs
-
-
-def plan_stretches(
-    train: TrainConfig, pass_steps: int, step: int = 0, epoch: int = 0, batch: int = 0
-) -> list[tuple[int, int]]:
-    """(first step, last step) of each epoch (stretch) the loop trains from a checkpoint at
-    global step `step` saved at (`epoch`, `batch`): each ends at an evaluation."""
-    if finished(train, step, epoch):
-        return []
-    epoch, batch = resume_position(train, step, epoch, batch)
-    out = []
-    while epoch < train.epochs:
-        n = stretch_steps(train, pass_steps, epoch) - batch
-        out.append((step + 1, step + n))
-        step, epoch, batch = step + n, epoch + 1, 0
-    return out

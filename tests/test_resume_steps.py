@@ -28,6 +28,23 @@ from dtcli.train import loop as loop_lib
 PASS = 40  # steps in a pass over the fake training data (every eval_every below fits in it)
 
 
+def plan_stretches(
+    train: R.TrainConfig, pass_steps: int, step: int = 0, epoch: int = 0, batch: int = 0
+) -> list[tuple[int, int]]:
+    """(first step, last step) of each epoch (stretch) the loop should train from a checkpoint at
+    global step `step` saved at (`epoch`, `batch`), each ending at an evaluation: the step
+    arithmetic alone, to hold the loop's evaluations against."""
+    if steps_lib.finished(train, step, epoch):
+        return []
+    epoch, batch = steps_lib.resume_position(train, step, epoch, batch)
+    out = []
+    while epoch < train.epochs:
+        n = steps_lib.stretch_steps(train, pass_steps, epoch) - batch
+        out.append((step + 1, step + n))
+        step, epoch, batch = step + n, epoch + 1, 0
+    return out
+
+
 class Counter:
     def __init__(self, value: int):
         self.value = value
@@ -181,7 +198,7 @@ def test_a_resumed_steps_run_trains_to_its_end_whatever_its_cadence(fake_engine)
         assert resumed.logged == [s for s in whole.logged if s > done], case
         assert resumed.evaluated == [s for s in whole.evaluated if s > done], case
         assert resumed.saved == [s for s in whole.saved if s > done], case
-        plan = steps_lib.plan_stretches(after.train, PASS, done, *_at(first, done))
+        plan = plan_stretches(after.train, PASS, done, *_at(first, done))
         assert [b for _, b in plan] == resumed.evaluated, case
         assert [a for a, _ in plan] == [done + 1, *(b + 1 for _, b in plan)][: len(plan)], case
         cases += 1
