@@ -118,6 +118,9 @@ def stdout_to_devnull() -> None:
 def check_given_once(app: Any, args: list[str]) -> None:
     """An option that takes one value, given twice (`--mesh batch=4 --mesh model=2`): Click keeps
     the last one silently; dtcli refuses it, naming both."""
+    options = [a.partition("=")[0] for a in args if a.startswith("--")]
+    if len(options) == len(set(options)):  # nothing repeated: no need to build Click's command
+        return
     command = typer.main.get_command(app)
     name = next((a for a in args if not a.startswith("-")), None)
     sub = getattr(command, "commands", {}).get(name) if name else None
