@@ -14,6 +14,7 @@ from typing import Any
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
 from dtcli import optimizers
+from dtcli import recipe as recipe_lib
 from dtcli.mesh import UNSHARDED
 from dtcli.recipe import Recipe
 from dtcli.tables import Column, print_table
@@ -155,6 +156,7 @@ def make_report(recipe: Recipe) -> Report:
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
     data_axis = recipe.layouts.data_axis
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
+    recipe_lib.check_micro_batch(recipe, axes)
     input_shape, num_classes = data_lib.describe(recipe.data)
     plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes)
     return Report(

@@ -134,6 +134,7 @@ def _check_batches(recipe: Recipe, axes: dict[str, int]) -> None:
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
     if recipe.data.eval_batch_size:
         mesh_lib.check_batch(axes, data_axis, recipe.data.eval_batch_size, "data.eval_batch_size")
+    recipe_lib.check_micro_batch(recipe, axes)
 
 
 def _model_on_mesh(

@@ -23,7 +23,7 @@ import yaml
 
 from dtcli import storage
 from dtcli.mesh import UNSHARDED
-from dtcli.recipe.checks import check, check_mesh_on_devices
+from dtcli.recipe.checks import check, check_mesh_on_devices, check_micro_batch
 from dtcli.recipe.configs import (
     BYTE_VOCAB,
     STEPS_PER_CALL,
@@ -57,6 +57,7 @@ __all__ = [
     "TransformerConfig",
     "apply_set",
     "check_mesh_on_devices",
+    "check_micro_batch",
     "dump",
     "fingerprint",
     "from_mapping",

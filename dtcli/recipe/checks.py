@@ -45,6 +45,7 @@ def check(recipe: Recipe) -> Recipe:
     check_data(recipe.data)
     _check_batch_on_mesh(recipe)
     _check_train(recipe.train)
+    _check_precision(recipe)
     _check_optimizer(recipe.optimizer)
     o, t = recipe.optimizer, recipe.train
     if o.warmup_steps and o.decay_steps is None and t.steps and o.warmup_steps >= t.steps:
@@ -92,6 +93,11 @@ def _check_layouts(lay: LayoutConfig, mesh: dict[str, int]) -> None:
         used = [d for d in dims if d != UNSHARDED]
         if len(used) != len(set(used)):
             raise UsageError(f"recipe key '{key}': a mesh axis may shard only one dim, got {dims}")
+    if lay.fsdp and lay.data_axis == UNSHARDED:
+        raise UsageError(
+            "recipe key 'layouts.fsdp': shards weights on the data axis, but layouts.data_axis "
+            "is 'unsharded'; name the mesh axis the batch is split along"
+        )
 
 
 def _check_devices_mesh(recipe: Recipe) -> None:
@@ -129,6 +135,28 @@ def _check_batch_on_mesh(recipe: Recipe) -> None:
         batch = getattr(recipe.data, key)
         if batch:
             check_batch(axes, axis, batch, f"data.{key}")
+    check_micro_batch(recipe, axes)
+
+
+def check_micro_batch(recipe: Recipe, axes: dict[str, int]) -> None:
+    """With train.accumulate N each micro-batch is data.batch_size / N examples, split along the
+    data axis like a batch."""
+    n, batch = recipe.train.accumulate, recipe.data.batch_size
+    if n == 1:
+        return
+    if batch % n:
+        raise UsageError(
+            f"recipe key 'train.accumulate': data.batch_size {batch} does not divide into {n} "
+            "micro-batches (expected a divisor of data.batch_size)"
+        )
+    axis = recipe.layouts.data_axis
+    shards = 1 if axis == UNSHARDED else axes[axis]
+    if (batch // n) % shards:
+        raise UsageError(
+            f"recipe key 'train.accumulate': micro-batches of {batch // n} examples "
+            f"(data.batch_size {batch} / {n}) do not divide along mesh axis '{axis}' of size "
+            f"{shards}; use fewer micro-batches or a larger batch"
+        )
 
 
 def check_mesh_on_devices(recipe: Recipe) -> None:
@@ -186,6 +214,13 @@ def _check_transformer(t: TransformerConfig) -> None:
     if not 0 <= t.dropout < 1:
         raise UsageError(
             f"recipe key 'model.transformer.dropout': expected a number in [0, 1), got {t.dropout}"
+        )
+    if t.remat and t.dropout:
+        # The recompute would draw new dropout masks: gradients of another network than the
+        # forward pass ran.
+        raise UsageError(
+            f"recipe key 'model.transformer.remat': recomputing a block would draw new dropout "
+            f"masks; set model.transformer.dropout to 0 (got {t.dropout}) or remat to false"
         )
 
 
@@ -266,10 +301,26 @@ def _check_train(t: TrainConfig) -> None:
             "recipe key 'train.eval_every': counts steps of a train.steps run; set train.steps "
             "too (an epochs run evaluates after each epoch)"
         )
+    if not 1 <= t.accumulate <= 1024:
+        raise UsageError(
+            f"recipe key 'train.accumulate': expected an integer from 1 to 1024, got {t.accumulate}"
+        )
     for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
         value = getattr(t, key)
         if value < low:
             raise UsageError(f"recipe key 'train.{key}': expected an integer >= {low}, got {value}")
+
+
+def _check_precision(recipe: Recipe) -> None:
+    """bf16 compute is cast inside dtcli's own models (tf-keras' mixed precision fails under a
+    LayoutMap), so a layer list or a user's model.build cannot take it."""
+    m = recipe.model
+    if recipe.train.precision == "bf16" and m.api == "keras" and m.transformer is None:
+        raise UsageError(
+            "recipe key 'train.precision': bf16 runs inside dtcli's own models "
+            "(model.transformer, or model.api core); this model is a tf-keras "
+            f"{'model.build function' if m.build else 'layer list'}: use float32"
+        )
 
 
 def _check_optimizer(o: OptimizerConfig) -> None:

@@ -78,6 +78,10 @@ class LayoutConfig:
     data_axis: str = "batch"
     # Ordered rules: regex over weight paths -> one entry per tensor dim (axis name or unsharded).
     rules: dict[str, list[str]] = field(default_factory=dict)
+    # FSDP (ZeRO-3 style): also shard every weight's largest dim that the data axis divides and
+    # the rules leave unsharded, on the data axis; each device then holds 1/N of the weights and
+    # optimizer state, gathered where a layer uses them.
+    fsdp: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ class TransformerConfig:
     tie_embeddings: bool = True
     # Biases in the Dense layers and LayerNorms (nanoGPT's default: none).
     bias: bool = False
+    # Activation checkpointing: keep only each block's input for the backward pass and recompute
+    # the block's forward there (less memory, about one more forward pass of time).
+    remat: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,12 @@ class TrainConfig:
     # eval_every steps reads the start of a new permutation of the training data.
     steps: int | None = None
     eval_every: int | None = None
+    # Gradient accumulation: each optimizer step runs data.batch_size in this many micro-batches
+    # (each 1/N of it) inside the compiled call and applies their summed gradient once.
+    accumulate: int = 1
+    # bf16: the matmuls of dtcli's GPT and Core MLPs run in bfloat16; master weights, optimizer
+    # state, LayerNorm, softmax, the loss and checkpoints stay float32.
+    precision: Literal["float32", "bf16"] = "float32"
 
 
 @dataclass(frozen=True)
