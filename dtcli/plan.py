@@ -130,6 +130,7 @@ class Report:
                     "path": p.weight.path,
                     "layer": p.weight.layer,
                     "rule": p.rule,
+                    "fsdp": p.fsdp,
                     "shape": list(p.weight.shape),
                     "sharding": list(p.spec),
                     "shard_shape": list(p.shard_shape(self.axes)),
@@ -225,7 +226,7 @@ def _weights_table(report: Report, console: Any) -> None:
     rows = [
         (
             p.weight.path,
-            p.rule if p.rule is not None else "replicated: no rule",
+            _rule_text(p),
             _shape(p.weight.shape),
             "(" + ", ".join("-" if a == UNSHARDED else a for a in p.spec) + ")",
             _shape(p.shard_shape(axes)),
@@ -241,6 +242,12 @@ def _weights_table(report: Report, console: Any) -> None:
         caption="sharding: per dim, the mesh axis it is split along ('-': unsharded); "
         "shard and bytes: on each device",
     )
+
+
+def _rule_text(p: layout_lib.WeightPlan) -> str:
+    if p.fsdp:
+        return "layouts.fsdp" if p.rule is None else f"{p.rule} + layouts.fsdp"
+    return p.rule if p.rule is not None else "replicated: no rule"
 
 
 def _memory_table(report: Report, console: Any) -> None:

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from dtcli.layout import WeightPlan, plan_weights, replicated
+from dtcli.layout import WeightPlan, apply_fsdp, check_fsdp_layers, plan_weights, replicated
 from dtcli.models import core, keras, transformer
 from dtcli.models.base import Built
+from dtcli.models.compute import Compute
 from dtcli.models.keras import check_output
 from dtcli.recipe import ModelConfig, Recipe
 
@@ -56,7 +57,20 @@ def weight_plans(
     weights, initial = _kind(recipe.model).describe(
         recipe.model, input_shape, num_classes, recipe.seed, recipe.task
     )
-    return plan_weights(recipe.layouts.rules, weights, axes), initial
+    plans = plan_weights(recipe.layouts.rules, weights, axes)
+    data_axis = recipe.layouts.data_axis
+    own = gathers_weights(recipe.model)
+    if recipe.layouts.fsdp:
+        plans = apply_fsdp(plans, data_axis, axes, only_unsharded=not own)
+    if not own:
+        check_fsdp_layers(plans, data_axis, axes)
+    return plans, initial
+
+
+def gathers_weights(cfg: ModelConfig) -> bool:
+    """Whether the model's layers gather FSDP-sharded weights to their compute layout
+    (models.compute): dtcli's own GPT and Core MLP, not tf-keras layer lists or user models."""
+    return cfg.api == "core" or cfg.transformer is not None
 
 
 def build(
@@ -70,8 +84,23 @@ def build(
     """The recipe's model on `mesh`, its weights laid out as `plans` (from `weight_plans`) and
     starting from `initial` (Keras) or the seed (Core)."""
     return _kind(recipe.model).build(
-        recipe.model, input_shape, num_classes, mesh, plans, initial, recipe.seed
+        recipe.model,
+        input_shape,
+        num_classes,
+        mesh,
+        plans,
+        initial,
+        recipe.seed,
+        compute_of(recipe, plans),
     )
+
+
+def compute_of(recipe: Recipe, plans: list[WeightPlan]) -> Compute:
+    """How dtcli's own layers read their weights: gathered off the data axis where a plan
+    shards a weight on it (FSDP), in bfloat16 for the matmuls under train.precision bf16."""
+    axis = recipe.layouts.data_axis
+    fsdp = any(axis in p.spec for p in plans)
+    return Compute(axis if fsdp else None, recipe.train.precision == "bf16")
 
 
 def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:

@@ -39,27 +39,27 @@ from typing import Any
 from dtcli.recipe import TransformerConfig
 
 
-def build(cfg: TransformerConfig, vocab: int) -> Any:
+def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
     """The GPT as a Functional tf_keras.Model: int tokens [batch, context] -> logits
-    [batch, context, vocab]."""
+    [batch, context, vocab]. `compute` (models.compute.Compute): how its layers read their
+    weights (FSDP gather, bf16); default float32, no gather."""
     import tf_keras
 
     # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
     from dtcli.models import gpt_layers as g
 
-    token_embedding = g.Embedding(cfg, vocab, "token_embedding")
+    c = compute or g.FLOAT32
+    token_embedding = g.Embedding(cfg, vocab, "token_embedding", c)
     ids = tf_keras.Input((cfg.context,), dtype="int32", name="tokens")
-    x = g.PositionEmbedding(cfg, name="position_embedding")(token_embedding(ids))
+    x = g.PositionEmbedding(cfg, "position_embedding", c)(token_embedding(ids))
     x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
     for i in range(cfg.layers):
-        x = g.Block(cfg, f"block_{i}")(x)
-    x = g.layer_norm(cfg, "ln_f")(x)
+        x = g.Block(cfg, f"block_{i}", c)(x)
+    x = g.layer_norm(cfg, "ln_f", c)(x)
     if cfg.tie_embeddings:
-        logits = g.TiedHead(token_embedding, name="head")(x)
+        logits = g.TiedHead(token_embedding, "head", c)(x)
     else:
-        logits = tf_keras.layers.Dense(
-            vocab, use_bias=False, kernel_initializer=g.normal(g.STD), name="head"
-        )(x)
+        logits = g.Dense(vocab, False, g.STD, "head", c)(x)
     return tf_keras.Model(ids, logits, name="gpt")
 
 
