@@ -35,6 +35,17 @@ TP_RULES = {
 }
 FSDP = ["layouts.fsdp=true", "layouts.rules={}"]
 FSDP_TP = ["layouts.fsdp=true", "layouts.rules=" + json.dumps(TP_RULES)]
+# recipes/gpt_fsdp_tp.yaml (FSDP x TP by its own rules) with tiny_gpt.yaml's optimizer, in
+# float32, so that it compares with the tiny GPT on one device
+SHIPPED = [
+    "train.precision=float32",
+    "optimizer.learning_rate=1e-3",
+    "optimizer.beta_2=0.99",
+    "optimizer.min_learning_rate=1e-4",
+    "train.steps=2000",
+    "train.eval_every=250",
+    "train.steps_per_call=10",
+]
 
 
 # --------------------------------------------------------------------------- the plan (pure)
@@ -99,12 +110,12 @@ def test_plan_refuses_mixed_rules_on_a_layer_list_naming_the_rule(cli):
 # --------------------------------------------------------------------------- live runs
 
 
-def tiny_session(text_file, mesh: str, sets=()):
+def tiny_session(text_file, mesh: str, sets=(), recipe: str = "tiny_gpt.yaml"):
     from dtcli import recipe as R
     from dtcli import session as T
 
     recipe = R.load(
-        ROOT / "recipes" / "tiny_gpt.yaml",
+        ROOT / "recipes" / recipe,
         R.Overrides((f"data.path={text_file}", *TINY, *sets), mesh=mesh, devices="cpu:8"),
     )
     return T.prepare(recipe, use_devices=1 if mesh == "batch=1" else None)
@@ -131,16 +142,17 @@ def optimizer_slots(session) -> list:
 @pytest.fixture(scope="module")
 def fsdp_runs(cpu8, text_file):
     """20 AdamW steps (warmup, cosine, clipping) of the tiny GPT: 1 device, FSDP over batch=8,
-    FSDP x tensor parallel over batch=4,model=2."""
+    FSDP x tensor parallel over batch=4,model=2 (the shipped recipes/gpt_fsdp_tp.yaml, shrunk,
+    in float32)."""
     from dtcli import session as T
 
     out = {}
-    for name, mesh, sets in (
-        ("one", "batch=1", ()),
-        ("fsdp", "batch=8", FSDP),
-        ("fsdp_tp", "batch=4,model=2", FSDP_TP),
+    for name, mesh, sets, recipe in (
+        ("one", "batch=1", (), "tiny_gpt.yaml"),
+        ("fsdp", "batch=8", FSDP, "tiny_gpt.yaml"),
+        ("fsdp_tp", "batch=4,model=2", SHIPPED, "gpt_fsdp_tp.yaml"),
     ):
-        s = tiny_session(text_file, mesh, sets)
+        s = tiny_session(text_file, mesh, sets, recipe)
         out[name] = (T.run_steps(s, 20), s)
     return out
 
