@@ -165,9 +165,12 @@ def refuse(memory: Memory, budget: Budget, transformer: bool, hint: str = "") ->
         return
     label, largest = memory.largest()
     remat = " or model.transformer.remat" if transformer else ""
+    need, have = size_text(memory.total), size_text(budget.bytes)
+    if need == have:  # close enough to round alike: the bytes say which is more
+        need, have = f"{memory.total:,} B", f"{budget.bytes:,} B"
     raise UsageError(
-        f"{budget.name}: the plan needs {size_text(memory.total)} per device, more than "
-        f"{size_text(budget.bytes)} (largest: {label} {size_text(largest)}); shard more "
+        f"{budget.name}: the plan needs {need} per device, more than {have} "
+        f"(largest: {label} {size_text(largest)}); shard more "
         f"(layouts.fsdp, a model axis), use smaller micro-batches (train.accumulate){remat}{hint}"
     )
 
