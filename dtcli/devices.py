@@ -279,3 +279,13 @@ def memory_limit(devices: Devices) -> int | None:
         return None
     limits = [int(d.memory_limit) for d in found if d.device_type == "GPU" and d.memory_limit]
     return min(limits) if limits else None
+
+
+def host_only() -> None:
+    """TensorFlow in this process on its CPU only, before it starts: a launcher that builds a
+    model to plan it while its clients hold the GPUs."""
+    tf = import_tensorflow()
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:
+        pass  # already started: it did its work on the CPU (models.keras.describe)

@@ -11,10 +11,10 @@ on each device (tests unpack the live variables and compare them byte for byte):
 - optimizer: `optimizers.slots` copies of each trainable shard, plus the scalars the optimizer
   keeps on every device (`optimizers.scalar_bytes`).
 
-Activations are an estimate (`activations`): what the forward pass keeps for the backward pass
-at the recipe's micro-batch, compute precision and remat setting. Nothing here imports
-TensorFlow; with `values=False` neither does the plan of dtcli's transformer, so `train` can
-refuse a run before anything is allocated (`check_before_run`).
+Activations are an estimate (`models.activations`): what the forward pass keeps for the backward
+pass at the recipe's micro-batch, compute precision and remat setting. The arithmetic needs no
+TensorFlow, nor does the plan of dtcli's GPT and Core MLP (`models.weight_plans(values=False)`),
+so `train` refuses such a run before TensorFlow even starts (`check_before_run`).
 """
 
 from __future__ import annotations
@@ -178,31 +178,63 @@ def refuse(memory: Memory, budget: Budget, transformer: bool, hint: str = "") ->
 def check_before_run(
     recipe: Recipe,
     budget: Budget,
-    clients: int | None = None,
+    role: str = "process",
+    clients: int = 1,
     devices_key: str = devices_lib.RECIPE_KEY,
 ) -> None:
-    """`dtcli train` (and `launch`) before the run's folder is made or the model allocated: the
+    """`dtcli train` and `launch`, before the run's folder is made or the model allocated: the
     recipe's plan against `budget`, refused in one line (exit 2) when it does not fit.
 
-    With --memory the plan is pure arithmetic (a tf-keras layer list or `model.build` is built
-    once on the host, as `dtcli plan` does, to list its weights; dtcli's transformer is not
-    built at all). Without it, a one-process run (`clients` None) on GPUs is checked against
-    their memory (the devices are configured for that, as the run would); CPUs report none,
-    and a multi-client run (`clients`: their count) starts its runtime only once every client
-    is there, so it is not checked without --memory. `devices_key`: how errors name the devices
-    (as `session.prepare`)."""
+    dtcli's GPT and Core MLP are planned by arithmetic (no TensorFlow); a tf-keras layer list or
+    `model.build` is built once on the host to list its weights, as `dtcli plan` does. `role`:
+    - "process", a one-process run: its devices are configured first where TensorFlow is needed
+      (as the run would: TensorFlow's devices are fixed once it runs an op), and without
+      --memory its GPUs' own memory is the budget (CPUs and TPUs report none: no check);
+    - "client", one of `clients` clients of a multi-client run: its runtime must not start
+      before the others are there, so only --memory and the arithmetic models are checked
+      (`dtcli launch` checks the others, once);
+    - "launcher": `dtcli launch`, --memory only, any model, on the host's CPU."""
     if not budget.check:
         return
-    if budget.bytes is None:
-        budget = _device_budget(recipe, devices_key) if clients is None else None
-        if budget is None:
+    arithmetic = recipe.model.transformer is not None or recipe.model.api == "core"
+    devices = None
+    if role == "process" and (budget.bytes is None or not arithmetic):
+        devices = _configure_for_check(recipe, budget, devices_key)
+        if devices is None:
             return
-    count = _device_count(recipe, clients or 1)
+        if budget.bytes is None:
+            limit = devices_lib.memory_limit(devices)
+            if limit is None:
+                return
+            budget = Budget(limit, source=f"{devices.device_type} memory")
+    elif budget.bytes is None or (role == "client" and not arithmetic):
+        return
+    elif role == "launcher" and not arithmetic:
+        devices_lib.host_only()  # the clients hold the accelerators
+    count = devices.count if devices is not None else _device_count(recipe, clients)
     if count is None:
         return
     memory = plan_memory(recipe, mesh_lib.resolve_axes(recipe.mesh, count))
     transformer = recipe.model.transformer is not None
     refuse(memory, budget, transformer, "; or give --no-memory-check")
+
+
+def _configure_for_check(
+    recipe: Recipe, budget: Budget, devices_key: str
+) -> devices_lib.Devices | None:
+    """A one-process run's devices, configured as `session.prepare` will (which then finds them
+    so), where the check needs TensorFlow; None where it has nothing to check: no --memory and
+    no GPU, or a TPU (its system starts once, in the run) for a model TensorFlow must build."""
+    kind = devices_lib.parse(recipe.devices, devices_key).kind
+    if kind == "tpu" or (budget.bytes is None and kind == "cpu"):
+        return None
+    if budget.bytes is None and kind == "auto":
+        from dtcli.tfruntime import import_tensorflow
+
+        if not import_tensorflow().config.list_physical_devices("GPU"):
+            return None  # auto is the CPU here: no budget of its own
+    wanted = mesh_lib.device_count_for(recipe.mesh)
+    return devices_lib.configure(recipe.devices, wanted, devices_key)
 
 
 def plan_memory(recipe: Recipe, axes: dict[str, int]) -> Memory:
@@ -229,20 +261,3 @@ def _device_count(recipe: Recipe, clients: int) -> int | None:
 
     gpus = len(import_tensorflow().config.list_physical_devices("GPU"))
     return gpus * clients if gpus else 1  # auto without a GPU: one CPU
-
-
-def _device_budget(recipe: Recipe, devices_key: str) -> Budget | None:
-    """The memory of each of this process's GPUs where TensorFlow reports it, with the devices
-    configured as the run configures them; None on CPUs and TPUs (which report none)."""
-    kind = devices_lib.parse(recipe.devices, devices_key).kind
-    if kind in ("cpu", "tpu"):
-        return None
-    if kind == "auto":
-        from dtcli.tfruntime import import_tensorflow
-
-        if not import_tensorflow().config.list_physical_devices("GPU"):
-            return None  # auto is the CPU here: nothing to configure early
-    wanted = mesh_lib.device_count_for(recipe.mesh)
-    devices = devices_lib.configure(recipe.devices, wanted, devices_key)
-    limit = devices_lib.memory_limit(devices)
-    return None if limit is None else Budget(limit, source=f"{devices.device_type} memory")

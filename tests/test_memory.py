@@ -252,3 +252,18 @@ def test_train_refuses_a_transformer_without_importing_tensorflow(tmp_path):
     )
     assert result == {"code": 2, "tensorflow": False}
     assert not out.exists()
+
+
+def test_a_tf_keras_model_is_planned_on_the_devices_the_run_then_finds():
+    """A tf-keras layer list is built on the host to be planned; the devices are configured
+    before (TensorFlow fixes them when it runs its first op), so the run still gets its 8."""
+    result = run_python(
+        f"""
+        import json
+        from dtcli import memory, recipe, session
+        r = recipe.load("{RECIPES / "quickstart.yaml"}")
+        memory.check_before_run(r, memory.budget_from_args("1GiB"))
+        print(json.dumps(session.prepare(r, splits=()).devices.count))
+        """
+    )
+    assert result == 8

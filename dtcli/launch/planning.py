@@ -64,7 +64,7 @@ def plan(
         rundir.check_new(run_dir, "--out")
     devices, gpus = _devices(loaded, clients, devices_per_client)
     on_devices = loaded if devices is None else recipe_lib.replace(loaded, devices=devices)
-    memory_lib.check_before_run(on_devices, memory, clients)
+    memory_lib.check_before_run(on_devices, memory, "launcher", clients)
     train_args: list[str] = []
     if resume is not None:
         train_args += ["--resume", str(run_dir)]

@@ -138,9 +138,9 @@ def _open_and_train(run: Run) -> RunResult:
             cluster.num_clients,
             run.devices_key,
         )
-    clients = None if cluster is None else cluster.num_clients
     # Before the folder is made and before the model is allocated.
-    memory_lib.check_before_run(recipe, run.memory, clients, run.devices_key)
+    role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
+    memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
     try:
         _open(run, path)
