@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
@@ -178,7 +179,7 @@ def refuse(memory: Memory, budget: Budget, transformer: bool, hint: str = "") ->
 def check_before_run(
     recipe: Recipe,
     budget: Budget,
-    role: str = "process",
+    role: Literal["process", "client", "launcher"] = "process",
     clients: int = 1,
     devices_key: str = devices_lib.RECIPE_KEY,
 ) -> None:
