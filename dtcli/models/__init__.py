@@ -51,12 +51,21 @@ def _kind(cfg: ModelConfig) -> ModuleType:
 
 
 def weight_plans(
-    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
+    recipe: Recipe,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    axes: dict[str, int],
+    values: bool = True,
 ) -> tuple[list[WeightPlan], dict]:
-    """Weights of the model and where each lives; Keras initial values come with them."""
-    weights, initial = _kind(recipe.model).describe(
-        recipe.model, input_shape, num_classes, recipe.seed, recipe.task
-    )
+    """Weights of the model and where each lives; Keras initial values come with them.
+    `values=False`: the plans alone (no initial values), dtcli's transformer described by
+    arithmetic, so that no TensorFlow model is built (a memory plan before a run)."""
+    if not values and recipe.model.transformer is not None:
+        weights, initial = transformer.weights(recipe.model.transformer, num_classes), {}
+    else:
+        weights, initial = _kind(recipe.model).describe(
+            recipe.model, input_shape, num_classes, recipe.seed, recipe.task
+        )
     plans = plan_weights(recipe.layouts.rules, weights, axes)
     data_axis = recipe.layouts.data_axis
     own = gathers_weights(recipe.model)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dtcli.layout import WeightInfo
 from dtcli.recipe import TransformerConfig
 
 
@@ -61,6 +62,41 @@ def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
     else:
         logits = g.Dense(vocab, False, g.STD, "head", c)(x)
     return tf_keras.Model(ids, logits, name="gpt")
+
+
+def weights(cfg: TransformerConfig, vocab: int) -> list[WeightInfo]:
+    """Every weight `build` makes (path, shape, owning layer class), in the order the built
+    model lists them (models.keras.keras_variables: the model's layers in order, and inside a
+    layer its attributes sorted by name), from the config alone: no TensorFlow, so a memory
+    plan can be made before anything is allocated. A test compares it with the built model."""
+    d, heads = cfg.d_model, cfg.heads
+    head_dim, hidden = d // heads, cfg.mlp_ratio * d
+
+    def dense(path: str, kernel: tuple[int, ...], bias: tuple[int, ...], layer: str) -> list:
+        own = [WeightInfo(f"{path}.bias", bias, layer)] if cfg.bias else []
+        return own + [WeightInfo(f"{path}.kernel", kernel, layer)]
+
+    def norm(path: str) -> list:
+        beta = [WeightInfo(f"{path}.beta", (d,), "LayerNormalization")] if cfg.bias else []
+        return beta + [WeightInfo(f"{path}.gamma", (d,), "LayerNormalization")]
+
+    out = [
+        WeightInfo("token_embedding.embeddings", (vocab, d), "Embedding"),
+        WeightInfo("position_embedding.embeddings", (cfg.context, d), "PositionEmbedding"),
+    ]
+    qkv = ((d, heads, head_dim), (heads, head_dim))
+    for i in range(cfg.layers):
+        b = f"block_{i}"
+        for part in ("key", "proj", "query", "value"):  # attribute names, sorted
+            kernel, bias = ((heads, head_dim, d), (d,)) if part == "proj" else qkv
+            out += dense(f"{b}.attention.{part}", kernel, bias, "EinsumDense")
+        out += norm(f"{b}.ln_1") + norm(f"{b}.ln_2")
+        out += dense(f"{b}.mlp.fc", (d, hidden), (hidden,), "Dense")
+        out += dense(f"{b}.mlp.proj", (hidden, d), (d,), "Dense")
+    out += norm("ln_f")
+    if not cfg.tie_embeddings:
+        out.append(WeightInfo("head.kernel", (d, vocab), "Dense"))
+    return out
 
 
 def parameters(cfg: TransformerConfig, vocab: int) -> int:
