@@ -235,7 +235,11 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
                 *(a + g for a, g in zip(acc, grads)),
             )
 
-        # A loop, not a Python unroll: the graph holds one micro-batch's step whatever N is.
+        # A loop, not a Python unroll: the graph holds one micro-batch's step whatever N is,
+        # and the micro-batches run one after another, so only one micro-batch's activations
+        # are live (the point of accumulating). Measured (tiny_gpt, N=4, one device): the
+        # first call took 5.2-6.6 s of CPU time, unrolled 11.5-12.0 s; a step 221-257 ms,
+        # unrolled 215-230 ms (a loaded machine: noisy).
         zero = tf.constant(0.0)
         _, loss, correct, count, *grads = tf.while_loop(
             lambda j, *_: j < micro,
