@@ -296,15 +296,18 @@ def host_state(session) -> dict[str, np.ndarray]:
 def test_checkpoints_cross_between_data_parallel_and_fsdp(
     fsdp_runs, text_file, tmp_path, source, target
 ):
-    """A checkpoint of 20 steps written on one device restores under FSDP, and one written
-    under FSDP x tensor parallel restores under plain data parallel: every weight, Adam slot
-    and the step count exactly. (The steps after it are the same math on any of these meshes:
+    """A checkpoint of 20 steps written on one device restores under FSDP (computing in bf16),
+    and one written under FSDP x tensor parallel restores under plain data parallel: every
+    weight, Adam slot and the step count exactly. (The steps after it are the same math on any of these meshes:
     test_fsdp_trains_as_one_device.)"""
     import tensorflow as tf
 
     _, trained = fsdp_runs[source]
     tf.train.Checkpoint(**trained.checkpoint_objects()).write(str(tmp_path / "ckpt"))
-    mesh, sets = ("batch=8", FSDP) if target == "fsdp" else ("batch=8", ())
+    # the FSDP side computes in bf16: the checkpoint holds float32 weights either way
+    mesh, sets = (
+        ("batch=8", [*FSDP, "train.precision=bf16"]) if target == "fsdp" else ("batch=8", ())
+    )
     fresh = tiny_session(text_file, mesh, sets)
     assert any(p.fsdp for p in fresh.plans) == (target == "fsdp")
     tf.train.Checkpoint(**fresh.checkpoint_objects()).read(str(tmp_path / "ckpt")).assert_consumed()
