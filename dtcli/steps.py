@@ -48,16 +48,12 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     import tensorflow as tf
 
     model = session.model
-    packer = session.packer
     placed = session.placed
     language_model = session.recipe.task == "language_model"
     measured = _measured(session.recipe.optimizer)
     per_step = PER_STEP if measured else PER_STEP[:3]
     micro = session.recipe.train.accumulate
-    if micro == 1:
-        one_step = _one_step_fn(session, language_model, measured)
-    else:
-        one_step = _accumulated_step_fn(session, language_model, measured)
+    step_at = _step_at_fn(session, language_model, measured)
 
     def train_call(inputs: tuple, masks: Any, runs: Any, notices: Any = None) -> dict[str, Any]:
         """`inputs`: the block's (xs, ys) [K, batch, ...], or (positions,) [K, batch] of a
@@ -68,18 +64,12 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
         is their max."""
         steps = runs.shape[0]
         real = tf.reduce_sum(tf.cast(runs, tf.int32))
+        totals = None
         if micro > 1:
             totals = _step_counts(masks, micro, _per_example(inputs, placed, language_model))
 
         def body(i: Any, healthy: Any, applied: Any, *vectors: Any) -> tuple:
-            if micro == 1:
-                out = one_step(*_batch_at(packer, placed, inputs, masks, i), healthy)
-            else:
-                out = one_step(
-                    lambda j: _batch_at(packer, placed, inputs, masks, i * micro + j),
-                    tf.gather(totals, i),
-                    healthy,
-                )
+            out = step_at(inputs, masks, i, healthy, totals)
             # TensorArrays do not expand under DTensor; one-hot sums do.
             at = tf.one_hot(i, steps)
             return (
@@ -115,6 +105,30 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
         tf.function(train_call, autograph=autograph),
         tf.function(eval_step, autograph=autograph),
     )
+
+
+def _step_at_fn(session: Engine, language_model: bool, measured: bool) -> Any:
+    """step_at(inputs, masks, i, apply, totals) -> the outputs of optimizer step `i` of a block:
+    its batch, or its train.accumulate micro-batches (`totals`: each step's real count)."""
+    import tensorflow as tf
+
+    packer, placed = session.packer, session.placed
+    micro = session.recipe.train.accumulate
+    if micro == 1:
+        one_step = _one_step_fn(session, language_model, measured)
+        return lambda inputs, masks, i, apply, totals: one_step(
+            *_batch_at(packer, placed, inputs, masks, i), apply
+        )
+    accumulated = _accumulated_step_fn(session, language_model, measured)
+
+    def step_at(inputs: tuple, masks: Any, i: Any, apply: Any, totals: Any) -> dict[str, Any]:
+        return accumulated(
+            lambda j: _batch_at(packer, placed, inputs, masks, i * micro + j),
+            tf.gather(totals, i),
+            apply,
+        )
+
+    return step_at
 
 
 def _measured(cfg: OptimizerConfig) -> bool:
