@@ -427,7 +427,7 @@ def plot(
         None,
         "--metric",
         help="loss, accuracy, step_loss, examples_per_sec; language models also perplexity, "
-        "tokens_per_sec, learning_rate, grad_norm (repeatable).",
+        "bpb, tokens_per_sec, learning_rate, grad_norm (repeatable).",
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""

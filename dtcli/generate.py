@@ -1,11 +1,13 @@
 """`dtcli generate`: text sampled from a language-model checkpoint, on any mesh.
 
 The model is built on the target mesh and the checkpoint restored into it (as `eval` does),
-without reading the training text: byte tokens, windows of the recipe's context. Each new token
-comes from one compiled forward pass over the last `context` tokens (a shorter prompt is padded
-on the right: a causal model's logits at the last real position do not see the padding), the
-input replicated on the mesh. Greedy decoding (temperature 0) takes the most likely byte;
-sampling draws from a host RNG seeded with --seed, so a seed gives the same text every time.
+without reading the training text: the run's tokenizer (RUN_DIR/tokenizer.json; bytes for a
+run without one), windows of the recipe's context. Each new token comes from one compiled
+forward pass over the last `context` tokens (a shorter prompt is padded on the right: a causal
+model's logits at the last real position do not see the padding), the input replicated on the
+mesh. Only the tokenizer's ids are ever picked (the model's vocabulary is rounded up past
+them). Greedy decoding (temperature 0) takes the most likely token; sampling draws from a host
+RNG seeded with --seed, so a seed gives the same text every time.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def check_options(
 
 
 def prompt_bytes(prompt: str | bytes) -> bytes:
-    """The prompt's bytes: the byte vocabulary covers any byte, so bytes that are not UTF-8
-    (a command line passes them to Python as surrogate escapes, like os.fsencode) stay as given."""
+    """The prompt's bytes: bytes that are not UTF-8 (a command line passes them to Python as
+    surrogate escapes, like os.fsencode) stay as given (the byte vocabulary covers any byte)."""
     if isinstance(prompt, bytes):
         return prompt
     try:
@@ -65,9 +67,10 @@ def stream(
     devices: str | None = None,
     use_devices: int | None = None,
 ) -> Iterator[str]:
-    """`tokens` new bytes after `prompt`, decoded as UTF-8 (invalid sequences replaced), as
-    they are sampled: a piece per token (a byte that ends no UTF-8 character yet gives ""), so
-    a caller can print it as it comes and keep it on Ctrl-C; "".join() gives the whole text.
+    """`tokens` new tokens after `prompt`, their bytes decoded as UTF-8 (invalid sequences
+    replaced), as they are sampled: a piece per token (bytes that end no UTF-8 character yet,
+    or an end-of-document token, give ""), so a caller can print it as it comes and keep it
+    on Ctrl-C; "".join() gives the whole text.
     `use_devices`: the mesh over only the first N devices (see session.prepare)."""
     check_options(tokens, temperature, top_k, prompt, seed)
     prompt_bytes(prompt)  # before any work
@@ -80,7 +83,8 @@ def stream(
         )
     session = _restored_session(found, recipe, use_devices, devices_lib.key_for(devices))
     context = session.data.input_shape[0]
-    vocab = session.data.num_classes
+    tokenizer = session.data.tokenizer  # text and tokens, the language-model sources, give one
+    vocab = tokenizer.vocab_size
     if top_k is not None and top_k > vocab:
         raise UsageError(f"--top-k {top_k}: expected at most the vocabulary, {vocab}")
     logits_at = _next_logits(session)
@@ -90,7 +94,8 @@ def stream(
 
     mesh_ = session.mesh
     rng = np.random.default_rng(seed)
-    sequence = list(prompt_bytes(prompt))
+    sequence = [int(i) for i in _encode(tokenizer, prompt_bytes(prompt))]
+    pieces = tokenizer.pieces()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for _ in range(tokens):
         window = sequence[-context:]
@@ -99,10 +104,17 @@ def stream(
         x = dtensor.copy_to_mesh(padded, replicated(mesh_, 2))
         at = dtensor.copy_to_mesh(np.arange(context) == len(window) - 1, replicated(mesh_, 1))
         row = dtensor.unpack(logits_at(x, at))[0].numpy().astype(np.float64)
-        token = pick(row, temperature, top_k, rng)
+        token = pick(row, temperature, top_k, rng, vocab)
         sequence.append(token)
-        yield decoder.decode(bytes([token]))
+        yield decoder.decode(pieces[token])
     yield decoder.decode(b"", final=True)
+
+
+def _encode(tokenizer: Any, prompt: bytes) -> np.ndarray:
+    ids = tokenizer.encode(prompt)
+    if not len(ids):
+        raise UsageError("--prompt: it encodes to no token")
+    return ids
 
 
 def _restored_session(
@@ -116,7 +128,11 @@ def _restored_session(
     from dtcli.layout import layout_warnings
 
     session = session_lib.prepare(
-        recipe, splits=(), use_devices=use_devices, devices_key=devices_key
+        recipe,
+        splits=(),
+        use_devices=use_devices,
+        devices_key=devices_key,
+        tokenizer_file=rundir.tokenizer_file(found),
     )
     rules = recipe.layouts.rules
     # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
@@ -149,10 +165,17 @@ def _next_logits(session: Any) -> Any:
 
 
 def pick(
-    logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator
+    logits: np.ndarray,
+    temperature: float,
+    top_k: int | None,
+    rng: np.random.Generator,
+    vocab: int | None = None,
 ) -> int:
     """The next token: the most likely (temperature 0), or a draw from the softmax of
-    logits / temperature over the top_k most likely."""
+    logits / temperature over the top_k most likely; only ids below `vocab` (the tokenizer's:
+    the model's vocabulary is rounded up past it, and those ids are never a token)."""
+    if vocab is not None and vocab < len(logits):
+        logits = np.concatenate([logits[:vocab], np.full(len(logits) - vocab, -np.inf)])
     if temperature == 0:
         return int(np.argmax(logits))
     scaled = logits / temperature

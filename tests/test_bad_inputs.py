@@ -460,6 +460,33 @@ CASES: dict[str, Case] = {
         "data.name=tiny_shakespeare", "data.path={tmp}", expect="recipe key 'data.name'"
     ),
     "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
+    # ---- tokenizers and token shards
+    "tokenizer on a classifier": t(
+        "data.tokenizer=bytes", expect="recipe key 'data.tokenizer': source embedded reads no text"
+    ),
+    "tokenizer a number": lm(
+        "data.tokenizer=5", expect="recipe key 'data.tokenizer': expected a string or a mapping"
+    ),
+    "tokenizer empty": lm(
+        "data.tokenizer=''", expect="recipe key 'data.tokenizer': expected bytes"
+    ),
+    "tokenizer BPE too small": lm(
+        "data.tokenizer={train: bpe, vocab_size: 100}", expect="data.tokenizer.vocab_size"
+    ),
+    "tokenizer training unknown": lm(
+        "data.tokenizer={train: wordpiece}", expect="recipe key 'data.tokenizer.train'"
+    ),
+    "tokenizer unknown key": lm(
+        "data.tokenizer={train: bpe, size: 9}", expect="unknown recipe key 'data.tokenizer.size'"
+    ),
+    "tokenizer file missing": lm(
+        "data.tokenizer={tmp}/no.json", expect="recipe key 'data.tokenizer': cannot read"
+    ),
+    "tokenizer file not one": lm(
+        "data.tokenizer={tmp}/t.json",
+        expect="is not a tokenizer.json",
+        setup=file_at("t.json", "{}"),
+    ),
     "lm heads over the model axis": c(
         "train",
         str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),

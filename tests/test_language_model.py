@@ -240,6 +240,9 @@ def test_a_steps_run_evaluates_every_eval_every_steps_and_at_the_end(lm_run):
     assert [r["step"] for r in records] == [4, 8, 10]
     last = records[-1]
     assert last["eval_perplexity"] == pytest.approx(math.exp(last["eval_loss"]), rel=1e-6)
+    # byte tokens: each predicts one byte of text, so bits per byte are nats per token / ln 2
+    assert last["eval_bpb"] == pytest.approx(last["eval_loss"] / math.log(2), rel=1e-12)
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "BPE"
     assert last["tokens_per_sec"] > 0 and last["flops_per_sec_per_device"] > 0
     # the last 2,000 of 20,000 bytes in windows of 16 (+1 for the last target): 124 windows
     assert last["eval_tokens"] == (2000 - 1) // 16 * 16

@@ -5,6 +5,7 @@ scaling, default train/eval ranges)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +28,15 @@ class Split:
 
 @dataclass(frozen=True)
 class TextSplit(Split):
-    """Token windows of a byte string: x[i] the `context` tokens of window i, y[i] the same
+    """Token windows of a token string: x[i] the `context` tokens of window i, y[i] the same
     shifted by one (the next token at every position). x and y are views of `tokens` (a
-    memory-mapped file where it is one file): a batch copies only its own windows."""
+    memory-mapped file where it is one file of byte tokens): a batch copies only its own
+    windows."""
 
-    tokens: np.ndarray  # uint8, one token per byte
+    tokens: np.ndarray  # uint8 (byte tokens) or the tokenizer's token_dtype
+    # An evaluation split's UTF-8 bytes of the text its targets (every y) cover: bits per
+    # byte's denominator (None: not counted, a training split).
+    target_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class Dataset:
     eval: Split | Stream
     num_classes: int
     description: str
+    # A language model's tokenizer (data.tokenizer.Tokenizer); None for classifiers.
+    tokenizer: Any = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
