@@ -487,6 +487,45 @@ CASES: dict[str, Case] = {
         expect="is not a tokenizer.json",
         setup=file_at("t.json", "{}"),
     ),
+    "tokens without a folder": lm(
+        "data.source=tokens", expect="recipe key 'data.path': source tokens needs"
+    ),
+    "tokens folder without an index": lm(
+        "data.source=tokens", "data.path={tmp}", expect="holds no index.json"
+    ),
+    "tokens with a tokenizer": lm(
+        "data.source=tokens",
+        "data.path={tmp}",
+        "data.tokenizer=bytes",
+        expect="source tokens uses the tokenizer its shards were made with",
+    ),
+    "tokens with an eval path": lm(
+        "data.source=tokens", "data.path={tmp}", "data.eval_path={tmp}", expect="data.eval_path"
+    ),
+    "tokens on a classifier": t(
+        "data.source=tokens", "data.path={tmp}", expect="recipe key 'task'"
+    ),
+    "prepare-text missing source": c(
+        "prepare-text", "{tmp}/nope", "--out", "{tmp}/o", expect="SOURCE: no file"
+    ),
+    "prepare-text out not empty": c(
+        "prepare-text", "{q}", "--out", "{tmp}/o", expect="not empty", setup=file_at("o/x")
+    ),
+    "prepare-text BPE size": c(
+        "prepare-text", "{q}", "--tokenizer", "bpe:9", "--out", "{tmp}/o", expect="bpe:N"
+    ),
+    "prepare-text tokenizer missing": c(
+        "prepare-text",
+        "{q}",
+        "--tokenizer",
+        "{tmp}/t.json",
+        "--out",
+        "{tmp}/o",
+        expect="--tokenizer: cannot read",
+    ),  # fmt: skip
+    "prepare-text eval fraction": c(
+        "prepare-text", "{q}", "--eval-fraction", "1", "--out", "{tmp}/o", expect="--eval-fraction"
+    ),
     "lm heads over the model axis": c(
         "train",
         str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),

@@ -1,8 +1,8 @@
 """Data sets: where examples come from, and their splits.
 
 Small data sets (embedded, IDX files, synthetic, text) are read whole into host memory as numpy
-(`Split`); large ones (TFRecord files, image folders, TFDS) are streamed through tf.data as they
-train (`Stream`), never held whole. dtcli.pipeline batches both kinds the same way.
+(`Split`); large ones (TFRecord files, image folders, TFDS, token shards) are streamed through
+tf.data as they train (`Stream`), never held whole. dtcli.pipeline batches both kinds the same way.
 
 One module per source, named in `SOURCES` (the values of data.source). Each has
 `load(cfg, split_names) -> Dataset` and `describe(cfg) -> (example shape, class count)`; a
@@ -32,6 +32,7 @@ from dtcli.data import (
     text,
     tfds,
     tfrecord,
+    tokens,
 )
 from dtcli.data.base import (
     Dataset,
@@ -53,9 +54,10 @@ SOURCES: dict[str, ModuleType] = {
     "tfds": tfds,
     "tfrecord": tfrecord,
     "images": images,
+    "tokens": tokens,
 }
 # The sources of language-model tokens: they take the run's saved tokenizer.
-TOKENIZED = ("text",)
+TOKENIZED = ("text", "tokens")
 
 __all__ = [
     "SOURCES",

@@ -45,9 +45,10 @@ class Stream:
 
     tfrecord: `files` are TFRecord files, `counts` the records in each; images: `files` are image
     files (one example each) and `labels` their classes; tfds: `files` is empty and `counts` holds
-    the split's size (TFDS reads its own files)."""
+    the split's size (TFDS reads its own files); tokens: `files` are token shards, `counts` the
+    windows of each."""
 
-    kind: str  # "tfrecord" | "images" | "tfds": the name of its source in data.SOURCES
+    kind: str  # "tfrecord" | "images" | "tfds" | "tokens": its source in data.SOURCES
     files: tuple[str, ...]
     counts: tuple[int, ...]
     labels: tuple[int, ...]
@@ -56,6 +57,11 @@ class Stream:
     classes: int
     tfds_split: str = ""
     where: str = ""  # the recipe key the files came from, for errors
+    x_dtype: str = "float32"  # of x as `examples` gives it (token shards: int32 ids)
+    y_shape: tuple[int, ...] = ()  # of one example's y: () a class, (context,) next tokens
+    file_tokens: tuple[int, ...] = ()  # tokens: the token ids each shard file holds
+    token_dtype: str = ""  # tokens: the shards' ids, uint16 or uint32
+    target_bytes: int | None = None  # as TextSplit's
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -99,6 +105,10 @@ def empty_like(stream: Stream) -> Stream:
         stream.cfg,
         stream.classes,
         where=stream.where,
+        x_dtype=stream.x_dtype,
+        y_shape=stream.y_shape,
+        file_tokens=(),
+        token_dtype=stream.token_dtype,
     )
 
 
