@@ -103,6 +103,18 @@ ConnectTimeoutOption = typer.Option(
 )
 
 
+MemoryOption = typer.Option(
+    None,
+    "--memory",
+    help="Memory budget per device, like 16GiB, 512MiB, 1.5GB or bytes (default: the device's "
+    "own, where TensorFlow reports it); a plan over it is refused (exit 2), by train before "
+    "anything is allocated.",
+)
+NoMemoryCheckOption = typer.Option(
+    False, "--no-memory-check", help="Train even where the memory plan does not fit."
+)
+
+
 GraceOption = typer.Option(
     30.0,
     "--grace-period",
@@ -199,10 +211,13 @@ def train(
     connect_timeout: float = ConnectTimeoutOption,
     profile: str | None = ProfileOption,
     grace_period: float = GraceOption,
+    memory: str | None = MemoryOption,
+    no_memory_check: bool = NoMemoryCheckOption,
 ) -> None:
     """Train a recipe on a DTensor mesh and write a run directory."""
     from dtcli import cluster as cluster_lib
     from dtcli import devices as devices_lib
+    from dtcli import memory as memory_lib
     from dtcli import progress as progress_lib
     from dtcli import rundir
     from dtcli import train as train_lib
@@ -212,6 +227,7 @@ def train(
     _check_timeout(connect_timeout)
     _check_grace(grace_period)
     steps = _profile_steps(profile)
+    budget = memory_lib.budget_from_args(memory, no_memory_check)
     loaded = rundir.command_recipe(
         recipe,
         out,
@@ -229,6 +245,7 @@ def train(
         grace=grace_period,
         profile=steps,
         devices_key=devices_lib.key_for(devices),
+        memory=budget,
     )
     if not progress_lib.launched() and (cluster is None or cluster.is_chief):
         print(result.run_dir)  # stdout: for scripts, RUN=$(dtcli train ...)
@@ -257,9 +274,12 @@ def launch(
     connect_timeout: float = ConnectTimeoutOption,
     profile: str | None = ProfileOption,
     grace_period: float = GraceOption,
+    memory: str | None = MemoryOption,
+    no_memory_check: bool = NoMemoryCheckOption,
 ) -> None:
     """Run a recipe as N local DTensor clients on loopback (a multi-client run on one host)."""
     from dtcli import launch as launch_lib
+    from dtcli import memory as memory_lib
 
     _check_folders(out=out, resume=resume)
     _check_timeout(connect_timeout)
@@ -276,6 +296,7 @@ def launch(
         connect_timeout=connect_timeout,
         grace=grace_period,
         profile=steps,
+        memory=memory_lib.budget_from_args(memory, no_memory_check),
     )
     print(launch_lib.run(launch_plan, progress=not no_progress))
 
@@ -354,18 +375,23 @@ def plan(
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+    memory: str | None = MemoryOption,
 ) -> None:
     """Show where every weight lives on the mesh and what each device holds; trains nothing."""
+    from dtcli import memory as memory_lib
     from dtcli import plan as plan_lib
     from dtcli import recipe as recipe_lib
 
-    report = plan_lib.make_report(recipe_lib.load(recipe, _overrides(sets, mesh, devices)))
+    budget = memory_lib.budget_from_args(memory)
+    loaded = recipe_lib.load(recipe, _overrides(sets, mesh, devices))
+    report = plan_lib.make_report(loaded, budget)
     if as_json:
         import json
 
         print(json.dumps(report.to_json()))
-        return
-    plan_lib.render(report, _console())
+    else:
+        plan_lib.render(report, _console())
+    plan_lib.refuse_over_budget(report)  # after the plan: it shows what does not fit
 
 
 @app.command()

@@ -259,3 +259,33 @@ def peak_memory(devices: Devices) -> int | None:
         except (ValueError, RuntimeError, KeyError, tf.errors.OpError):
             return None
     return max(peaks) if peaks else None
+
+
+def memory_limit(devices: Devices) -> int | None:
+    """The memory (bytes) TensorFlow gives each of this process's devices, or None where it
+    reports none: CPUs (virtual CPUs share the host's memory), TPUs. GPUs: the limit of
+    TensorFlow's allocator on each (device_lib), the smallest over the local GPUs."""
+    if devices.device_type != "GPU":
+        return None
+    import tensorflow as tf
+    from tensorflow.python.client import device_lib
+
+    try:
+        # The runtime first, with the options configure() set (memory growth): device_lib would
+        # otherwise create the GPUs' allocators with its defaults.
+        tf.config.list_logical_devices("GPU")
+        found = device_lib.list_local_devices()
+    except Exception:  # noqa: BLE001 - a report, not a requirement: no budget then
+        return None
+    limits = [int(d.memory_limit) for d in found if d.device_type == "GPU" and d.memory_limit]
+    return min(limits) if limits else None
+
+
+def host_only() -> None:
+    """TensorFlow in this process on its CPU only, before it starts: a launcher that builds a
+    model to plan it while its clients hold the GPUs."""
+    tf = import_tensorflow()
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:
+        pass  # already started: it did its work on the CPU (models.keras.describe)

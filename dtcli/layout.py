@@ -28,6 +28,7 @@ class WeightPlan:
     weight: WeightInfo
     rule: str | None  # the rule that matched, None for "replicated: no rule"
     spec: tuple[str, ...]  # one entry per dim: a mesh axis or "unsharded"
+    fsdp: bool = False  # layouts.fsdp sharded one more dim on the data axis
 
     def shard_shape(self, axes: dict[str, int]) -> tuple[int, ...]:
         return tuple(
@@ -100,6 +101,51 @@ def plan_weights(
                 )
         plans.append(WeightPlan(w, rule, spec))
     return plans
+
+
+def apply_fsdp(
+    plans: list[WeightPlan], data_axis: str, axes: dict[str, int], only_unsharded: bool = False
+) -> list[WeightPlan]:
+    """layouts.fsdp: each weight's largest dim that the rules leave unsharded and the data axis
+    divides is sharded on the data axis too (the first such dim on a tie); a weight the data
+    axis already shards, or with no such dim, stays as the rules put it. `only_unsharded`:
+    leave every weight a rule shards as it is (models whose layers cannot gather a weight
+    sharded on two axes, see `check_fsdp_layers`)."""
+    size = axes.get(data_axis, 1)
+    if size <= 1:
+        return plans
+    out = []
+    for p in plans:
+        sharded = any(a != UNSHARDED and axes[a] > 1 for a in p.spec)
+        dims = [
+            d
+            for d, (n, a) in enumerate(zip(p.weight.shape, p.spec))
+            if a == UNSHARDED and n % size == 0
+        ]
+        conv = _CONV_LAYERS.match(p.weight.layer) and p.weight.path.endswith("kernel")
+        if data_axis in p.spec or not dims or (only_unsharded and sharded) or conv:
+            out.append(p)
+            continue
+        dim = max(dims, key=lambda d: (p.weight.shape[d], -d))
+        spec = tuple(data_axis if d == dim else a for d, a in enumerate(p.spec))
+        out.append(WeightPlan(p.weight, p.rule, spec, fsdp=True))
+    return out
+
+
+def check_fsdp_layers(plans: list[WeightPlan], data_axis: str, axes: dict[str, int]) -> None:
+    """For models whose layers read their variables themselves (tf-keras layers, a user's
+    model): a weight sharded on the data axis and on another axis at once fails inside DTensor
+    (its matmul expanders refuse the mixed sharding); refused here, naming the rule. dtcli's own
+    GPT and Core MLP gather such weights to their compute layout and take any mix."""
+    for p in plans:
+        others = [a for a in p.spec if a not in (UNSHARDED, data_axis) and axes[a] > 1]
+        if data_axis in p.spec and axes[data_axis] > 1 and others:
+            raise UsageError(
+                f"recipe key 'layouts.rules.{p.rule}': shards weight '{p.weight.path}' on the "
+                f"data axis '{data_axis}' and on '{others[0]}' at once, which DTensor runs only "
+                "in dtcli's own models (model.transformer, model.api core); shard it on one of "
+                "the two"
+            )
 
 
 # dtcli.transformer's attention kernels: the dim that counts heads, by projection.

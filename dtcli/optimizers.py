@@ -54,6 +54,19 @@ def slots(cfg: OptimizerConfig) -> int:
     return len(slot_names(cfg))
 
 
+# Bytes of the scalar variables an optimizer keeps on every device besides its slots (replicated,
+# so each device holds a whole copy): tf-keras' mesh-aware optimizers hold `iterations` (int64)
+# and `learning_rate` (a float32 DVariable: not in `optimizer.variables`, but tracked and
+# checkpointed); CoreOptimizer holds `iterations` only (its rate is a constant of the step).
+_SCALAR_BYTES = {"keras": 8 + 4, "core": 8}
+
+
+def scalar_bytes(api: str) -> int:
+    """Bytes of the optimizer's scalar variables on each device, for a model of kind `api`
+    (models.Built.api: the same choice as `make`)."""
+    return _SCALAR_BYTES[api]
+
+
 def decayed(cfg: OptimizerConfig, path: str) -> bool:
     """Whether AdamW decays the weight at `path` (optimizer.no_decay names those it skips)."""
     return cfg.name == "adamw" and not (cfg.no_decay and re.search(cfg.no_decay, path))

@@ -307,13 +307,34 @@ class Packer:
         self._verify_once(batch.x, packed[0])
         return packed
 
-    def pack_block(self, batches: list[Batch] | list[Picks]) -> tuple[Any, ...]:
+    def pack_block(self, batches: list[Batch] | list[Picks], micro: int = 1) -> tuple[Any, ...]:
         """K batches as one block [K, batch, ...] per array (Batch: xs, ys, masks; Picks:
-        positions, masks): the batch dim (1) sharded, K replicated."""
+        positions, masks): the batch dim (1) sharded, K replicated. `micro` N > 1 (gradient
+        accumulation): each batch as N micro-batches, a block [K*N, batch/N, ...] (see
+        micro_batches)."""
         stacked = [np.stack(arrays) for arrays in zip(*map(_arrays, batches), strict=True)]
+        if micro > 1:
+            stacked = [self.micro_batches(a, micro) for a in stacked]
         packed = tuple(self.pack(a, 1) for a in stacked)
         self._verify_once(stacked[0], packed[0])
         return packed
+
+    def micro_batches(self, block: np.ndarray, n: int) -> np.ndarray:
+        """A block of host batches [K, rows, ...] as [K*n, rows/n, ...]: micro-batch j of a
+        batch holds the j-th n-th of each of its data shards, so each micro-batch is sharded
+        along the data axis like a batch (every device works on every micro-batch, on rows its
+        shard of the whole batch holds) and a client of a multi-client run splits only the
+        rows it reads. Taking contiguous rows instead would put a micro-batch on a subset of
+        the data axis' devices (and, across clients, on rows another client holds)."""
+        held = len(self.local_shards)
+        k, rows, rest = block.shape[0], block.shape[1], block.shape[2:]
+        if rows % (held * n):
+            raise UsageError(
+                f"a batch of {rows} rows on {held} data shards does not divide into {n} "
+                "micro-batches"
+            )
+        shards = block.reshape(k, held, n, rows // (held * n), *rest)
+        return shards.swapaxes(1, 2).reshape(k * n, rows // n, *rest)
 
     def place(self, array: np.ndarray) -> Any:
         """A whole array on every device of the mesh (replicated): a split placed once."""

@@ -2,7 +2,9 @@
 
 Built from shapes alone: the data set is described (headers, static info), never loaded, and no
 variable is placed on a device. The same `models.weight_plans` is what `train` builds its layouts
-from, so the table is the layout training will use, checked by the same rules.
+from, so the table is the layout training will use, checked by the same rules. The memory a
+device needs to train (dtcli.memory: weights, gradients, optimizer state, activations) is
+checked against a budget: --memory, or the device's own memory where TensorFlow reports it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtcli import layout as layout_lib
+from dtcli import memory as memory_lib
 from dtcli import mesh as mesh_lib
 from dtcli import optimizers
 from dtcli import recipe as recipe_lib
@@ -36,6 +39,8 @@ class Report:
     num_classes: int
     # dtcli's transformer (task language_model), or None: then the per-part table is shown.
     transformer: Any = None
+    memory: memory_lib.Memory | None = None  # what a device holds to train (make_report)
+    budget: memory_lib.Budget = memory_lib.NO_BUDGET
 
     @property
     def unused_rules(self) -> list[str]:
@@ -94,32 +99,23 @@ class Report:
             out[part] += p.bytes_per_device(self.axes, FLOAT32)
         return out
 
-    def activations(self) -> dict[str, Any]:
-        """Training activation memory on one device, estimated for a transformer in float32:
-        per block 2 x s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes (Korthikanti et al. 2022, table 2,
-        doubled from 16-bit; s context, b the device's batch, h width, a heads, t the shards of
-        the heads), plus the logits and their gradient, b*s*vocab*4 bytes each."""
-        cfg = self.transformer
-        b = self.batch_size // mesh_lib.data_shards(self.axes, self.data_axis)
-        s, h, a = self.input_shape[0], cfg.d_model, cfg.heads
-        heads = next(
-            (p for p in self.plans if p.weight.path.endswith(".attention.query.kernel")), None
-        )
-        t = self.axes.get(heads.spec[1], 1) if heads and heads.spec[1] != UNSHARDED else 1
-        per_block = int(2 * s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
-        logits = 2 * b * s * self.num_classes * FLOAT32
-        return {
-            "per_block": per_block,
-            "blocks": cfg.layers * per_block,
-            "logits": logits,
-            "total": cfg.layers * per_block + logits,
-            "heads_per_device": a // t,
-        }
-
     def to_json(self) -> dict[str, Any]:
-        lm = {}
+        lm, memory = {}, {}
         if self.transformer is not None:
-            lm = {"parts_bytes_per_device": self.parts(), "activations_bytes": self.activations()}
+            lm = {"parts_bytes_per_device": self.parts()}
+        if self.memory is not None:
+            acts = self.memory.activations
+            memory = {
+                "memory_bytes": self.memory.to_json(),
+                "budget_bytes": self.budget.bytes,
+                "fits": memory_lib.fits(self.memory, self.budget),
+                "activations_estimate": {
+                    "bytes": {**acts.parts, "total": acts.total},
+                    **acts.details,
+                    "estimated": acts.estimated,
+                    "note": acts.note,
+                },
+            }
         return {
             "recipe": self.name,
             "mesh": dict(self.axes),
@@ -130,6 +126,7 @@ class Report:
                     "path": p.weight.path,
                     "layer": p.weight.layer,
                     "rule": p.rule,
+                    "fsdp": p.fsdp,
                     "shape": list(p.weight.shape),
                     "sharding": list(p.spec),
                     "shard_shape": list(p.shard_shape(self.axes)),
@@ -143,11 +140,14 @@ class Report:
             "totals_bytes": self.totals(),
             "batch": self.batch(),
             **lm,
+            **memory,
         }
 
 
-def make_report(recipe: Recipe) -> Report:
-    """Resolve the mesh against the devices and plan every weight (errors as `train` gives)."""
+def make_report(recipe: Recipe, budget: memory_lib.Budget = memory_lib.NO_BUDGET) -> Report:
+    """Resolve the mesh against the devices and plan every weight (errors as `train` gives),
+    and the memory each device needs against `budget` (none given: the device's own memory,
+    where TensorFlow reports it)."""
     from dtcli import data as data_lib
     from dtcli import devices as devices_lib
     from dtcli import models
@@ -158,7 +158,11 @@ def make_report(recipe: Recipe) -> Report:
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
     recipe_lib.check_micro_batch(recipe, axes)
     input_shape, num_classes = data_lib.describe(recipe.data)
-    plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes)
+    plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes, values=False)
+    if budget.bytes is None:
+        limit = devices_lib.memory_limit(devices)
+        if limit is not None:
+            budget = memory_lib.Budget(limit, source=f"{devices.device_type} memory")
     return Report(
         recipe.name,
         axes,
@@ -171,15 +175,18 @@ def make_report(recipe: Recipe) -> Report:
         input_shape,
         num_classes,
         recipe.model.transformer if recipe.task == "language_model" else None,
+        memory_lib.estimate(recipe, plans, axes, input_shape, num_classes),
+        budget,
     )
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,} B" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)  # unreachable
+def refuse_over_budget(report: Report) -> None:
+    """A plan that does not fit its budget: one line (exit 2), after the plan is shown."""
+    if report.memory is not None:
+        memory_lib.refuse(report.memory, report.budget, report.transformer is not None)
+
+
+_size = memory_lib.size_text
 
 
 def render(report: Report, console: Any) -> None:
@@ -191,6 +198,8 @@ def render(report: Report, console: Any) -> None:
     _memory_table(report, console)
     if report.transformer is not None:
         _language_model_table(report, console)
+    if report.memory is not None:
+        _training_table(report, console)
     b = report.batch()
     console.print(
         f"batch: global {_shape(b['global_shape'])} sharded along '{report.data_axis}' -> "
@@ -225,7 +234,7 @@ def _weights_table(report: Report, console: Any) -> None:
     rows = [
         (
             p.weight.path,
-            p.rule if p.rule is not None else "replicated: no rule",
+            _rule_text(p),
             _shape(p.weight.shape),
             "(" + ", ".join("-" if a == UNSHARDED else a for a in p.spec) + ")",
             _shape(p.shard_shape(axes)),
@@ -241,6 +250,12 @@ def _weights_table(report: Report, console: Any) -> None:
         caption="sharding: per dim, the mesh axis it is split along ('-': unsharded); "
         "shard and bytes: on each device",
     )
+
+
+def _rule_text(p: layout_lib.WeightPlan) -> str:
+    if p.fsdp:
+        return "layouts.fsdp" if p.rule is None else f"{p.rule} + layouts.fsdp"
+    return p.rule if p.rule is not None else "replicated: no rule"
 
 
 def _memory_table(report: Report, console: Any) -> None:
@@ -263,18 +278,46 @@ def _memory_table(report: Report, console: Any) -> None:
 
 def _language_model_table(report: Report, console: Any) -> None:
     parts = report.parts()
-    act = report.activations()
     rows = [(f"parameters: {key.replace('_', ' ')}", _size(value)) for key, value in parts.items()]
-    rows.append(
-        (
-            f"activations, estimate ({report.transformer.layers} blocks, "
-            f"{act['heads_per_device']} heads per device)",
-            _size(act["blocks"]),
+    if report.memory is not None:
+        act = report.memory.activations
+        heads = act.details.get("heads_per_device", report.transformer.heads)
+        rows.append(
+            (
+                f"activations, estimate ({report.transformer.layers} blocks, "
+                f"{heads} heads per device)",
+                _size(act.parts.get("blocks", 0)),
+            )
         )
-    )
-    rows.append(("logits and their gradient", _size(act["logits"])))
+        rows.append(("logits and their gradient", _size(act.parts.get("logits", 0))))
     columns = (Column("", "prose"), Column("bytes", right=True))
     print_table(console, columns, rows, title="language model per device (float32)")
+
+
+def _training_table(report: Report, console: Any) -> None:
+    """What one device holds to train, its sum, the budget and whether it fits."""
+    memory, budget = report.memory, report.budget
+    acts = memory.activations
+    labels = {
+        "weights": "weights (float32)",
+        "gradients": "gradients (float32)",
+        "optimizer": f"optimizer state ({report.slots} slots per weight, step counters)",
+        "activations": f"activations ({acts.note})",
+    }
+    gathered = acts.parts.get("gathered_weights")
+    if gathered:
+        labels["activations"] = f"activations ({acts.note}; {_size(gathered)} of them FSDP-"
+        labels["activations"] += "gathered weights)"
+    rows = [(labels[key], _size(value)) for key, value in memory.items().items()]
+    rows.append(("total", _size(memory.total)))
+    fits = memory_lib.fits(memory, budget)
+    if fits is None:
+        rows.append(("budget", "none (give --memory)"))
+    else:
+        rows.append((f"budget ({budget.name})", _size(budget.bytes)))
+        rows.append(("fits", "yes" if fits else "NO"))
+    columns = (Column("", "prose"), Column("bytes", right=True))
+    print_table(console, columns, rows, title="training memory per device")
 
 
 def _shape(shape: Any) -> str:

@@ -3,7 +3,9 @@
 `make_steps` builds them from a session (session.Session: the model, optimizer and packer on the
 mesh); `train_block` runs one block of at most K batches through the train call and reads its
 per-step results back. Loss is the mean over the real examples of the global batch plus
-regularization, so one recipe gives the same numbers on any mesh.
+regularization, so one recipe gives the same numbers on any mesh. With train.accumulate N each
+step runs its batch as N micro-batches and applies their summed gradient once: the same numbers
+as the whole batch in one.
 """
 
 from __future__ import annotations
@@ -51,18 +53,33 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     language_model = session.recipe.task == "language_model"
     measured = _measured(session.recipe.optimizer)
     per_step = PER_STEP if measured else PER_STEP[:3]
-    one_step = _one_step_fn(session, language_model, measured)
+    micro = session.recipe.train.accumulate
+    if micro == 1:
+        one_step = _one_step_fn(session, language_model, measured)
+    else:
+        one_step = _accumulated_step_fn(session, language_model, measured)
 
     def train_call(inputs: tuple, masks: Any, runs: Any, notices: Any = None) -> dict[str, Any]:
         """`inputs`: the block's (xs, ys) [K, batch, ...], or (positions,) [K, batch] of a
         split placed on the devices; `masks` [K, batch]; `runs` [K] bool: the steps to run
-        (the first ones; see Packer.flags for why not their count). `notices` (multi-client
-        runs): each client's preemption flag (Packer.notices); `stop` is their max."""
-        steps = masks.shape[0]
+        (the first ones; see Packer.flags for why not their count). With train.accumulate N
+        the block holds K*N micro-batches [K*N, batch/N, ...], step i's being i*N...i*N+N-1.
+        `notices` (multi-client runs): each client's preemption flag (Packer.notices); `stop`
+        is their max."""
+        steps = runs.shape[0]
         real = tf.reduce_sum(tf.cast(runs, tf.int32))
+        if micro > 1:
+            totals = _step_counts(masks, micro, _per_example(inputs, placed, language_model))
 
         def body(i: Any, healthy: Any, applied: Any, *vectors: Any) -> tuple:
-            out = one_step(*_batch_at(packer, placed, inputs, masks, i), healthy)
+            if micro == 1:
+                out = one_step(*_batch_at(packer, placed, inputs, masks, i), healthy)
+            else:
+                out = one_step(
+                    lambda j: _batch_at(packer, placed, inputs, masks, i * micro + j),
+                    tf.gather(totals, i),
+                    healthy,
+                )
             # TensorArrays do not expand under DTensor; one-hot sums do.
             at = tf.one_hot(i, steps)
             return (
@@ -114,10 +131,8 @@ def _one_step_fn(session: Engine, language_model: bool, measured: bool) -> Any:
     import tensorflow as tf
 
     model = session.model
-    optimizer = session.optimizer
     variables = model.trainable_variables
-    cfg = session.recipe.optimizer
-    total_steps = session.recipe.train.steps or session.recipe.train.epochs * epoch_steps(session)
+    update = _update_fn(session, measured)
 
     def one_step(x: Any, y: Any, mask: Any, apply: Any) -> dict[str, Any]:
         with tf.GradientTape() as tape:
@@ -126,9 +141,23 @@ def _one_step_fn(session: Engine, language_model: bool, measured: bool) -> Any:
             loss = out["ce_sum"] / tf.maximum(out["count"], 1.0)
             if model.regularization is not None:
                 loss += model.regularization()
-        grads = tape.gradient(loss, variables)
-        # Embedding lookups give IndexedSlices; DTensor cannot lay out their scatter update.
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        return update(out, loss, _dense(tape.gradient(loss, variables)), apply)
+
+    return one_step
+
+
+def _update_fn(session: Engine, measured: bool) -> Any:
+    """update(out, loss, grads, apply) -> `out` with the step's loss, `finite` and `applied`
+    (and, `measured`, grad_norm and learning_rate): the optimizer step of a step's gradients,
+    clipped and scheduled once per optimizer step."""
+    import tensorflow as tf
+
+    optimizer = session.optimizer
+    variables = session.model.trainable_variables
+    cfg = session.recipe.optimizer
+    total_steps = session.recipe.train.steps or session.recipe.train.epochs * epoch_steps(session)
+
+    def update(out: dict[str, Any], loss: Any, grads: list, apply: Any) -> dict[str, Any]:
         if measured:
             norm = tf.linalg.global_norm(grads)
             if cfg.clip_norm is not None:
@@ -136,7 +165,7 @@ def _one_step_fn(session: Engine, language_model: bool, measured: bool) -> Any:
             rate = optimizers.learning_rate_at(cfg, optimizer.iterations, total_steps)
         finite = tf.math.is_finite(loss)
 
-        def update() -> Any:
+        def apply_grads() -> Any:
             # All gradients before any update. This barrier alone does NOT make the step right
             # with DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
             # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it on.
@@ -146,7 +175,7 @@ def _one_step_fn(session: Engine, language_model: bool, measured: bool) -> Any:
 
         applied = tf.cond(
             tf.logical_and(apply, tf.logical_and(finite, out["count"] > 0)),
-            update,
+            apply_grads,
             lambda: tf.constant(False),
         )
         out["loss"] = loss
@@ -157,7 +186,87 @@ def _one_step_fn(session: Engine, language_model: bool, measured: bool) -> Any:
             out["learning_rate"] = rate
         return out
 
+    return update
+
+
+def _dense(grads: list) -> list:
+    """Embedding lookups give IndexedSlices; DTensor cannot lay out their scatter update."""
+    import tensorflow as tf
+
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+
+def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) -> Any:
+    """one_step(micro_at, total, apply): one optimizer step over train.accumulate N
+    micro-batches (`micro_at(j)` -> micro-batch j's x, y, mask), as _one_step_fn's step over
+    their whole batch. Each micro-batch's loss is its cross-entropy sum over `total`, the real
+    examples (tokens) of the whole step, so the summed gradient is the big batch's gradient;
+    regularization counts once (in micro-batch 0). Clipping, the schedule and the update act
+    on the sum once; a non-finite loss in any micro-batch makes the step's loss non-finite,
+    so the update is not applied."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    model = session.model
+    variables = model.trainable_variables
+    micro = session.recipe.train.accumulate
+    update = _update_fn(session, measured)
+
+    def one_step(micro_at: Any, total: Any, apply: Any) -> dict[str, Any]:
+        denom = tf.maximum(total, 1.0)
+
+        def body(j: Any, loss: Any, correct: Any, count: Any, *acc: Any) -> tuple:
+            x, y, mask = micro_at(j)
+            with tf.GradientTape() as tape:
+                out = _sums(model.forward(x, training=True), y, mask, language_model)
+                part = out["ce_sum"] / denom
+                if model.regularization is not None:
+                    part += tf.cast(tf.equal(j, 0), tf.float32) * model.regularization()
+            grads = tape.gradient(
+                part, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+            )
+            # A loop variable keeps one layout through the loop: the variable's, as its zeros.
+            grads = [dtensor.relayout(g, v.layout) for g, v in zip(_dense(grads), variables)]
+            return (
+                j + 1,
+                loss + part,
+                correct + out["correct"],
+                count + out["count"],
+                *(a + g for a, g in zip(acc, grads)),
+            )
+
+        # A loop, not a Python unroll: the graph holds one micro-batch's step whatever N is,
+        # and the micro-batches run one after another, so only one micro-batch's activations
+        # are live (the point of accumulating). Measured (tiny_gpt, N=4, one device): the
+        # first call took 5.2-6.6 s of CPU time, unrolled 11.5-12.0 s; a step 221-257 ms,
+        # unrolled 215-230 ms (a loaded machine: noisy).
+        zero = tf.constant(0.0)
+        _, loss, correct, count, *grads = tf.while_loop(
+            lambda j, *_: j < micro,
+            body,
+            (tf.constant(0), zero, zero, zero, *(tf.zeros_like(v) for v in variables)),
+        )
+        return update({"correct": correct, "count": count}, loss, grads, apply)
+
     return one_step
+
+
+def _per_example(inputs: tuple, placed: Any, language_model: bool) -> int:
+    """What a real example counts for in a step's count: its tokens (a language model), or 1."""
+    if not language_model:
+        return 1
+    y_shape = placed[1].shape[1:] if placed is not None else inputs[1].shape[2:]
+    return int(y_shape.num_elements())
+
+
+def _step_counts(masks: Any, micro: int, per_example: int) -> Any:
+    """[K] the real examples (tokens) of each step of a block of K*micro micro-batches' masks,
+    counted before any of them runs (each micro-batch's loss is over its step's total). One
+    sum over the sharded batch dim (one all-reduce) for the whole block."""
+    import tensorflow as tf
+
+    per_micro = tf.reduce_sum(masks, axis=1)  # [K*micro], replicated
+    return tf.reduce_sum(tf.reshape(per_micro, [-1, micro]), axis=1) * float(per_example)
 
 
 def _sums(logits: Any, y: Any, mask: Any, language_model: bool) -> dict[str, Any]:
@@ -226,7 +335,7 @@ def train_block(
     if real < k:
         batches = batches + [pipeline_lib.empty_like(batches[0])] * (k - real)
     # (xs, ys, masks), or (positions, masks) of a split placed on the devices.
-    *inputs, masks = session.packer.pack_block(batches)
+    *inputs, masks = session.packer.pack_block(batches, session.recipe.train.accumulate)
     runs = session.packer.flags([i < real for i in range(k)])
     if session.cluster is None:
         out = train_call(tuple(inputs), masks, runs)

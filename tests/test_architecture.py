@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"mesh", "devices", "cluster"},
     {"recipe"},
     {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics"},
-    {"session", "steps", "rundir", "progress", "runlog", "plot"},
+    {"session", "steps", "rundir", "progress", "runlog", "plot", "memory"},
     {"train", "evaluate", "generate", "export", "plan", "doctor", "launch"},
     {"cli", "terminal", "__main__"},
 ]

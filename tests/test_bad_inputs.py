@@ -682,6 +682,22 @@ CASES: dict[str, Case] = {
     "out ram root": c("train", "{q}", "--out", "ram://", expect="expected a folder under the"),
     "out ram dotdot": c("train", "{q}", "--out", "ram://x/../..", expect="without '..'"),
     "grace period tiny": c("train", "{q}", "--grace-period", "1e-9", expect="at least 1"),
+    # ---- --memory of train, launch and plan
+    "memory not a size": c("train", "{q}", "--memory", "12XB", expect="--memory '12XB': expected"),
+    "memory zero": c("plan", "{q}", "--memory", "0", expect="--memory '0': expected at least 1"),
+    "memory and no memory check": c(
+        "train", "{q}", "--memory", "1GiB", "--no-memory-check", expect="--no-memory-check"
+    ),
+    **{
+        f"{command} memory under the plan": c(
+            *args, "--memory", "1KiB", expect="--memory 1KiB: the plan needs"
+        )
+        for command, args in (
+            ("train", ("train", "{q}")),
+            ("launch", ("launch", "--clients", "2", "{q}")),
+            ("plan", ("plan", "{q}")),
+        )
+    },
     # a URL TensorFlow has no file system for (s3:// without its plug-in): no network needed
     "out on s3 without a plug-in": c(
         "train", "{q}", "--out", "s3://bucket/run", expect="--out 's3://bucket/run': cannot use it"

@@ -80,14 +80,21 @@ def test_plan_rejects_a_sharded_convolution_kernel_before_any_work(tmp_path):
 
 def test_plan_of_every_shipped_recipe_matches_the_live_shards():
     """For each recipe: the table renders, and the bytes it reports per weight, parameters and
-    optimizer slots equal the sizes of the live shards on device 0 (`dtensor.unpack`)."""
+    optimizer slots equal the sizes of the live shards on device 0 (`dtensor.unpack`); its
+    memory plan's weights, gradients and optimizer state (slots and scalars) those on every
+    device."""
     result = run_here(
         f"""
         import io, json
         from pathlib import Path
         from rich.console import Console
+        import tensorflow as tf
         from tensorflow.experimental import dtensor
         from dtcli import plan as P, recipe as R, session as T
+
+        def per_device(variables):
+            return [sum(int(t.numpy().nbytes) for t in shards) for shards in
+                    zip(*(dtensor.unpack(v.read_value()) for v in variables))]
 
         out = {{}}
         for path in sorted(Path("{RECIPES}").glob("*.yaml")):
@@ -117,6 +124,13 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
                 "totals": report.totals(),
                 "slot_bytes": slot_bytes,
                 "table_has_every_weight": all(p in text.getvalue() for p in live),
+                "memory": report.memory.to_json(),
+                "live_memory": {{
+                    "weights": per_device(s.model.module.variables),
+                    "gradients": per_device(s.model.trainable_variables),
+                    "optimizer": per_device([v for v in tf.train.TrackableView(opt).descendants()
+                                             if isinstance(v, tf.Variable)]),
+                }},
             }}
         print(json.dumps(out))
         """
@@ -133,6 +147,8 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
         assert r["planned"] == r["live"], name
         assert r["totals"]["parameters"]["per_device"] == sum(r["live"].values()), name
         assert r["totals"]["optimizer_slots"]["per_device"] == r["slot_bytes"], name
+        for item, live in r["live_memory"].items():
+            assert live == [r["memory"][item]] * 8, (name, item)
     tp = result["mnist_mlp_tensor_parallel"]["totals"]["parameters"]
     assert tp["per_device"] / tp["replicated"] == pytest.approx(1 / 8, abs=0.002)
 

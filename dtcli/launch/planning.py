@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtcli import devices as devices_lib
+from dtcli import memory as memory_lib
 from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, storage
@@ -40,9 +41,12 @@ def plan(
     connect_timeout: float = 60.0,
     grace: float = 30.0,
     profile: tuple[int, int] | None = None,
+    memory: memory_lib.Budget = memory_lib.NO_BUDGET,
 ) -> LaunchPlan:
     """Check everything that can be checked without TensorFlow, before any client starts.
-    `profile`: `dtcli train --profile START:STOP` for the clients (client 0 writes the trace)."""
+    `profile`: `dtcli train --profile START:STOP` for the clients (client 0 writes the trace).
+    `memory`: --memory, checked once here against the recipe's plan (the clients, a
+    multi-client run, check no device budget of their own)."""
     if clients < 1:
         raise UsageError(f"--clients {clients}: expected at least 1")
     for arg, value in (("--out", out), ("--resume", resume)):
@@ -59,6 +63,8 @@ def plan(
         run_dir = storage.as_path(out) if out is not None else rundir.default_path(loaded.name)
         rundir.check_new(run_dir, "--out")
     devices, gpus = _devices(loaded, clients, devices_per_client)
+    on_devices = loaded if devices is None else recipe_lib.replace(loaded, devices=devices)
+    memory_lib.check_before_run(on_devices, memory, "launcher", clients)
     train_args: list[str] = []
     if resume is not None:
         train_args += ["--resume", str(run_dir)]

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from dtcli.layout import WeightPlan, plan_weights, replicated
+from dtcli.layout import WeightPlan, apply_fsdp, check_fsdp_layers, plan_weights, replicated
 from dtcli.models import core, keras, transformer
 from dtcli.models.base import Built
+from dtcli.models.compute import Compute
 from dtcli.models.keras import check_output
 from dtcli.recipe import ModelConfig, Recipe
 
@@ -50,13 +51,35 @@ def _kind(cfg: ModelConfig) -> ModuleType:
 
 
 def weight_plans(
-    recipe: Recipe, input_shape: tuple[int, ...], num_classes: int, axes: dict[str, int]
+    recipe: Recipe,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    axes: dict[str, int],
+    values: bool = True,
 ) -> tuple[list[WeightPlan], dict]:
-    """Weights of the model and where each lives; Keras initial values come with them."""
-    weights, initial = _kind(recipe.model).describe(
-        recipe.model, input_shape, num_classes, recipe.seed, recipe.task
-    )
-    return plan_weights(recipe.layouts.rules, weights, axes), initial
+    """Weights of the model and where each lives; Keras initial values come with them.
+    `values=False`: the plans alone (no initial values), dtcli's transformer described by
+    arithmetic, so that no TensorFlow model is built (a memory plan before a run)."""
+    if not values and recipe.model.transformer is not None:
+        weights, initial = transformer.weights(recipe.model.transformer, num_classes), {}
+    else:
+        weights, initial = _kind(recipe.model).describe(
+            recipe.model, input_shape, num_classes, recipe.seed, recipe.task
+        )
+    plans = plan_weights(recipe.layouts.rules, weights, axes)
+    data_axis = recipe.layouts.data_axis
+    own = gathers_weights(recipe.model)
+    if recipe.layouts.fsdp:
+        plans = apply_fsdp(plans, data_axis, axes, only_unsharded=not own)
+    if not own:
+        check_fsdp_layers(plans, data_axis, axes)
+    return plans, initial
+
+
+def gathers_weights(cfg: ModelConfig) -> bool:
+    """Whether the model's layers gather FSDP-sharded weights to their compute layout
+    (models.compute): dtcli's own GPT and Core MLP, not tf-keras layer lists or user models."""
+    return cfg.api == "core" or cfg.transformer is not None
 
 
 def build(
@@ -70,8 +93,23 @@ def build(
     """The recipe's model on `mesh`, its weights laid out as `plans` (from `weight_plans`) and
     starting from `initial` (Keras) or the seed (Core)."""
     return _kind(recipe.model).build(
-        recipe.model, input_shape, num_classes, mesh, plans, initial, recipe.seed
+        recipe.model,
+        input_shape,
+        num_classes,
+        mesh,
+        plans,
+        initial,
+        recipe.seed,
+        compute_of(recipe, plans),
     )
+
+
+def compute_of(recipe: Recipe, plans: list[WeightPlan]) -> Compute:
+    """How dtcli's own layers read their weights: gathered off the data axis where a plan
+    shards a weight on it (FSDP), in bfloat16 for the matmuls under train.precision bf16."""
+    axis = recipe.layouts.data_axis
+    fsdp = any(axis in p.spec for p in plans)
+    return Compute(axis if fsdp else None, recipe.train.precision == "bf16")
 
 
 def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:

@@ -13,6 +13,7 @@ import numpy as np
 from dtcli.errors import UsageError
 from dtcli.layout import WeightInfo, WeightPlan, replicated, to_layout
 from dtcli.models.base import Built
+from dtcli.models.compute import FLOAT32, Compute
 from dtcli.recipe import ModelConfig
 
 
@@ -31,7 +32,7 @@ def weights(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) ->
     return infos
 
 
-def _core_module(cfg: ModelConfig, variables: dict[str, Any]) -> Any:
+def _core_module(cfg: ModelConfig, variables: dict[str, Any], compute: Compute = FLOAT32) -> Any:
     """The Core MLP as a tf.Module over given variables (DVariables on a mesh, or plain ones).
 
     Its tracked structure (layers/N/kernel, layers/N/bias) is the same either way, so a checkpoint
@@ -53,7 +54,9 @@ def _core_module(cfg: ModelConfig, variables: dict[str, Any]) -> Any:
             self.bias = variables[f"dense_{index}.bias"]
 
         def __call__(self, x: Any) -> Any:
-            return tf.matmul(x, self.kernel) + self.bias
+            c = compute
+            y = c.result(tf.matmul(c.activation(x), c.weight(self.kernel)))
+            return y + c.weight(self.bias, matmul=False)
 
     class MLP(tf.Module):
         def __init__(self):
@@ -87,6 +90,7 @@ def build(
     plans: list[WeightPlan],
     initial: dict[str, np.ndarray],
     seed: int,
+    compute: Compute = FLOAT32,
 ) -> Built:
     """The MLP's DVariables on the mesh, with the planned layouts. (`initial` is empty: see
     `describe`.)"""
@@ -113,7 +117,7 @@ def build(
         else:
             value = dtensor.call_with_layout(tf.zeros, layout, shape=shape)
         variables[path] = dtensor.DVariable(value, name=path.split(".")[1])
-    mlp = _core_module(cfg, variables)
+    mlp = _core_module(cfg, variables, compute)
     return Built(
         module=mlp,
         forward=lambda x, training: mlp(x, training=training),

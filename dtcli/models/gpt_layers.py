@@ -6,6 +6,12 @@ This module imports TensorFlow: only `transformer.build` imports it, when it bui
 the weights they own (`dtcli plan`).
 Initial weights follow nanoGPT: normal(0, STD), the residual projections scaled by
 1/sqrt(2 * layers).
+
+Every layer reads its weights through a `Compute` (models/compute.py): gathered off the data
+axis where FSDP shards them, cast to bfloat16 for the matmuls under `train.precision: bf16`. So
+the Dense, EinsumDense and LayerNormalization here are dtcli's own small layers (tf-keras'
+read their variables directly); they keep tf-keras' names, weight names and arithmetic, so
+checkpoints, layout rules and float32 numbers are the same as with the stock layers.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from dtcli.models.compute import FLOAT32, Compute
 from dtcli.recipe import TransformerConfig
 
 STD = 0.02  # of the normal initializer
@@ -30,36 +37,122 @@ def residual_std(cfg: TransformerConfig) -> float:
     return STD / math.sqrt(2 * cfg.layers)
 
 
-def layer_norm(cfg: TransformerConfig, name: str) -> Any:
-    # Not fused: DTensor has no layout propagation for the fused kernels.
-    return tf_keras.layers.LayerNormalization(epsilon=1e-5, center=cfg.bias, name=name)
+class LayerNormalization(tf_keras.layers.Layer):
+    """tf-keras' LayerNormalization over the last dim (its unfused arithmetic, as tf-keras runs
+    it for epsilon 1e-5), always in float32, with gamma/beta read through `compute`."""
+
+    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
+        super().__init__(name=name)
+        self.center = cfg.bias
+        self.compute = compute
+
+    def build(self, input_shape: Any) -> None:
+        dim = (int(input_shape[-1]),)
+        self.gamma = self.add_weight("gamma", dim, initializer="ones")
+        self.beta = self.add_weight("beta", dim, initializer="zeros") if self.center else None
+
+    def call(self, x: Any) -> Any:
+        mean, variance = tf.nn.moments(x, [len(x.shape) - 1], keepdims=True)
+        offset = None if self.beta is None else self.compute.weight(self.beta, matmul=False)
+        return tf.nn.batch_normalization(
+            x,
+            mean,
+            variance,
+            offset=offset,
+            scale=self.compute.weight(self.gamma, matmul=False),
+            variance_epsilon=1e-5,
+        )
+
+
+def layer_norm(cfg: TransformerConfig, name: str, compute: Compute = FLOAT32) -> Any:
+    # Not tf-keras' fused kernel: DTensor has no layout propagation for it.
+    return LayerNormalization(cfg, name, compute)
+
+
+class Dense(tf_keras.layers.Layer):
+    """x [..., d_in] @ kernel [d_in, units] (+ bias), as tf-keras' Dense computes it."""
+
+    def __init__(
+        self, units: int, bias: bool, stddev: float, name: str, compute: Compute = FLOAT32
+    ):
+        super().__init__(name=name)
+        self.units, self.use_bias, self.stddev, self.compute = units, bias, stddev, compute
+
+    def build(self, input_shape: Any) -> None:
+        shape = (int(input_shape[-1]), self.units)
+        self.kernel = self.add_weight("kernel", shape, initializer=normal(self.stddev))
+        self.bias = (
+            self.add_weight("bias", (self.units,), initializer="zeros") if self.use_bias else None
+        )
+
+    def call(self, x: Any) -> Any:
+        c = self.compute
+        y = c.result(
+            tf.tensordot(c.activation(x), c.weight(self.kernel), [[len(x.shape) - 1], [0]])
+        )
+        return y if self.bias is None else y + c.weight(self.bias, matmul=False)
+
+
+class EinsumDense(tf_keras.layers.Layer):
+    """tf-keras' EinsumDense for the attention projections: `equation` over the input and a
+    kernel of `kernel_shape` (+ a bias of `bias_shape`)."""
+
+    def __init__(
+        self,
+        equation: str,
+        kernel_shape: tuple[int, ...],
+        bias_shape: tuple[int, ...] | None,
+        stddev: float,
+        name: str,
+        compute: Compute = FLOAT32,
+    ):
+        super().__init__(name=name)
+        self.equation, self.compute = equation, compute
+        self.kernel_shape, self.bias_shape, self.stddev = kernel_shape, bias_shape, stddev
+
+    def build(self, input_shape: Any) -> None:
+        self.kernel = self.add_weight("kernel", self.kernel_shape, initializer=normal(self.stddev))
+        self.bias = None
+        if self.bias_shape is not None:
+            self.bias = self.add_weight("bias", self.bias_shape, initializer="zeros")
+
+    def call(self, x: Any) -> Any:
+        c = self.compute
+        y = c.result(tf.einsum(self.equation, c.activation(x), c.weight(self.kernel)))
+        return y if self.bias is None else y + c.weight(self.bias, matmul=False)
 
 
 class Embedding(tf_keras.layers.Layer):
-    def __init__(self, cfg: TransformerConfig, rows: int, name: str):
+    def __init__(self, cfg: TransformerConfig, rows: int, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
         self.rows = rows
         self.d_model = cfg.d_model
+        self.compute = compute
 
     def build(self, input_shape: Any) -> None:
         self.embeddings = self.add_weight(
             "embeddings", (self.rows, self.d_model), initializer=normal(STD)
         )
 
+    def table(self, matmul: bool = False) -> Any:
+        """The table in its compute layout (the tied head reads it as a matmul weight)."""
+        return self.compute.weight(self.embeddings, matmul=matmul)
+
     def call(self, ids: Any) -> Any:
         ids = tf.cast(ids, tf.int32)
-        # A dense gradient (a gather from the variable itself gives IndexedSlices, whose
-        # scatter update DTensor cannot lay out).
-        return tf.gather(tf.convert_to_tensor(self.embeddings), ids)
+        # A gather from the table's value, not the variable: a dense gradient (a gather from
+        # the variable gives IndexedSlices, whose scatter update DTensor cannot lay out).
+        return tf.gather(self.table(), ids)
 
 
 class PositionEmbedding(tf_keras.layers.Layer):
     """Adds a learned vector per position to its input [batch, time, d_model]."""
 
-    def __init__(self, cfg: TransformerConfig, name: str):
+    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
         self.context = cfg.context
         self.d_model = cfg.d_model
+        self.compute = compute
 
     def build(self, input_shape: Any) -> None:
         self.embeddings = self.add_weight(
@@ -67,81 +160,76 @@ class PositionEmbedding(tf_keras.layers.Layer):
         )
 
     def call(self, x: Any) -> Any:
-        table = tf.convert_to_tensor(self.embeddings)
+        table = self.compute.weight(self.embeddings, matmul=False)
         time = x.shape[1]
         return x + (table if time == self.context else table[:time])
 
 
 class Attention(tf_keras.layers.Layer):
-    def __init__(self, cfg: TransformerConfig, name: str):
+    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
         self.head_dim = cfg.d_model // cfg.heads
-        einsum = tf_keras.layers.EinsumDense
-        bias = "hk" if cfg.bias else None
+        self.compute = compute
+        bias = (cfg.heads, self.head_dim) if cfg.bias else None
         for part in ("query", "key", "value"):
-            setattr(
-                self,
-                part,
-                einsum(
-                    "btd,dhk->bthk",
-                    (None, cfg.heads, self.head_dim),
-                    bias_axes=bias,
-                    kernel_initializer=normal(STD),
-                    name=part,
-                ),
-            )
-        self.proj = einsum(
+            kernel = (cfg.d_model, cfg.heads, self.head_dim)
+            setattr(self, part, EinsumDense("btd,dhk->bthk", kernel, bias, STD, part, compute))
+        self.proj = EinsumDense(
             "bthk,hkd->btd",
-            (None, cfg.d_model),
-            bias_axes="d" if cfg.bias else None,
-            kernel_initializer=normal(residual_std(cfg)),
-            name="proj",
+            (cfg.heads, self.head_dim, cfg.d_model),
+            (cfg.d_model,) if cfg.bias else None,
+            residual_std(cfg),
+            "proj",
+            compute,
         )
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
 
     def call(self, x: Any, training: bool = False) -> Any:
+        c = self.compute
         # [batch, heads, time, head_dim]: batched matmuls (an einsum over these dims
         # measured 3x slower on CPU).
         q, k, v = (tf.transpose(f(x), [0, 2, 1, 3]) for f in (self.query, self.key, self.value))
-        scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(self.head_dim))
+        scores = c.result(tf.matmul(c.activation(q), c.activation(k), transpose_b=True))
+        scores = scores * (1.0 / math.sqrt(self.head_dim))
         # Causal: position t attends to positions <= t (a lower-triangular band).
         keep = tf.linalg.band_part(tf.ones_like(scores), -1, 0)
         scores = scores + (1.0 - keep) * -1e9
         weights = self.dropout(tf.nn.softmax(scores, axis=-1), training=training)
-        out = tf.transpose(tf.matmul(weights, v), [0, 2, 1, 3])
-        return self.proj(out)
+        out = c.result(tf.matmul(c.activation(weights), c.activation(v)))
+        return self.proj(tf.transpose(out, [0, 2, 1, 3]))
 
 
 class MLP(tf_keras.layers.Layer):
-    def __init__(self, cfg: TransformerConfig, name: str):
+    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
-        self.fc = tf_keras.layers.Dense(
-            cfg.mlp_ratio * cfg.d_model,
-            use_bias=cfg.bias,
-            kernel_initializer=normal(STD),
-            name="fc",
-        )
-        self.proj = tf_keras.layers.Dense(
-            cfg.d_model,
-            use_bias=cfg.bias,
-            kernel_initializer=normal(residual_std(cfg)),
-            name="proj",
-        )
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.fc = Dense(hidden, cfg.bias, STD, "fc", compute)
+        self.proj = Dense(cfg.d_model, cfg.bias, residual_std(cfg), "proj", compute)
 
     def call(self, x: Any) -> Any:
         return self.proj(tf.nn.gelu(self.fc(x), approximate=False))
 
 
 class Block(tf_keras.layers.Layer):
-    def __init__(self, cfg: TransformerConfig, name: str):
+    """A pre-LayerNorm block. With `remat` its forward pass runs again in the backward pass
+    (tf.recompute_grad) instead of keeping its activations: only its input is kept."""
+
+    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
-        self.ln_1 = layer_norm(cfg, "ln_1")
-        self.attention = Attention(cfg, "attention")
-        self.ln_2 = layer_norm(cfg, "ln_2")
-        self.mlp = MLP(cfg, "mlp")
+        self.ln_1 = layer_norm(cfg, "ln_1", compute)
+        self.attention = Attention(cfg, "attention", compute)
+        self.ln_2 = layer_norm(cfg, "ln_2", compute)
+        self.mlp = MLP(cfg, "mlp", compute)
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
+        self.remat = cfg.remat
 
     def call(self, x: Any, training: bool = False) -> Any:
+        if self.remat and training:
+            # The recipe refuses remat with dropout: a recompute would draw other masks.
+            return tf.recompute_grad(lambda h: self._forward(h, True))(x)
+        return self._forward(x, training)
+
+    def _forward(self, x: Any, training: bool) -> Any:
         x = x + self.dropout(self.attention(self.ln_1(x), training=training), training=training)
         return x + self.dropout(self.mlp(self.ln_2(x)), training=training)
 
@@ -150,9 +238,11 @@ class TiedHead(tf_keras.layers.Layer):
     """Logits from the token embedding's own table (its transpose): no weights of its own.
     (The embedding layer comes first in the model, so LayoutMap lays its table out there.)"""
 
-    def __init__(self, embedding: Any, name: str):
+    def __init__(self, embedding: Any, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
         self.embedding = embedding
+        self.compute = compute
 
     def call(self, x: Any) -> Any:
-        return tf.einsum("btd,vd->btv", x, tf.convert_to_tensor(self.embedding.embeddings))
+        c = self.compute
+        return c.result(tf.einsum("btd,vd->btv", c.activation(x), self.embedding.table(True)))

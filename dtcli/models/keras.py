@@ -98,9 +98,12 @@ def _activation_hint(activation: Any) -> str:
     return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
 
 
-def make_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
+def make_model(
+    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, compute: Any = None
+) -> Any:
     """The Keras model of the recipe: its `model.build` function's, dtcli's transformer, or the
-    layer list as a Sequential (recipe checks allow exactly one)."""
+    layer list as a Sequential (recipe checks allow exactly one). `compute`: how the
+    transformer's layers read their weights (models.compute)."""
     import tf_keras
 
     tf_keras.backend.reset_uids()
@@ -111,7 +114,7 @@ def make_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int)
     if cfg.transformer is not None:
         from dtcli.models import transformer
 
-        return transformer.build(cfg.transformer, num_classes)
+        return transformer.build(cfg.transformer, num_classes, compute)
     return _sequential(cfg, input_shape)
 
 
@@ -347,6 +350,7 @@ def build(
     plans: list[WeightPlan],
     initial: dict[str, np.ndarray],
     seed: int,
+    compute: Any = None,
 ) -> Built:
     import tensorflow as tf
     import tf_keras
@@ -358,7 +362,7 @@ def build(
         layout_map[plan.weight.path] = to_layout(plan.spec, mesh)
     tf_keras.utils.set_random_seed(seed)
     with layout_map.scope():
-        model = make_model(cfg, input_shape, num_classes)
+        model = make_model(cfg, input_shape, num_classes, compute)
     x = dtensor.copy_to_mesh(tf.zeros((1, *input_shape)), replicated(mesh, 1 + len(input_shape)))
     _ensure_built(model, input_shape, x)
     variables = keras_variables(model)

@@ -36,31 +36,67 @@ from __future__ import annotations
 
 from typing import Any
 
+from dtcli.layout import WeightInfo
 from dtcli.recipe import TransformerConfig
 
 
-def build(cfg: TransformerConfig, vocab: int) -> Any:
+def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
     """The GPT as a Functional tf_keras.Model: int tokens [batch, context] -> logits
-    [batch, context, vocab]."""
+    [batch, context, vocab]. `compute` (models.compute.Compute): how its layers read their
+    weights (FSDP gather, bf16); default float32, no gather."""
     import tf_keras
 
     # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
     from dtcli.models import gpt_layers as g
 
-    token_embedding = g.Embedding(cfg, vocab, "token_embedding")
+    c = compute or g.FLOAT32
+    token_embedding = g.Embedding(cfg, vocab, "token_embedding", c)
     ids = tf_keras.Input((cfg.context,), dtype="int32", name="tokens")
-    x = g.PositionEmbedding(cfg, name="position_embedding")(token_embedding(ids))
+    x = g.PositionEmbedding(cfg, "position_embedding", c)(token_embedding(ids))
     x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
     for i in range(cfg.layers):
-        x = g.Block(cfg, f"block_{i}")(x)
-    x = g.layer_norm(cfg, "ln_f")(x)
+        x = g.Block(cfg, f"block_{i}", c)(x)
+    x = g.layer_norm(cfg, "ln_f", c)(x)
     if cfg.tie_embeddings:
-        logits = g.TiedHead(token_embedding, name="head")(x)
+        logits = g.TiedHead(token_embedding, "head", c)(x)
     else:
-        logits = tf_keras.layers.Dense(
-            vocab, use_bias=False, kernel_initializer=g.normal(g.STD), name="head"
-        )(x)
+        logits = g.Dense(vocab, False, g.STD, "head", c)(x)
     return tf_keras.Model(ids, logits, name="gpt")
+
+
+def weights(cfg: TransformerConfig, vocab: int) -> list[WeightInfo]:
+    """Every weight `build` makes (path, shape, owning layer class), in the order the built
+    model lists them (models.keras.keras_variables: the model's layers in order, and inside a
+    layer its attributes sorted by name), from the config alone: no TensorFlow, so a memory
+    plan can be made before anything is allocated. A test compares it with the built model."""
+    d, heads = cfg.d_model, cfg.heads
+    head_dim, hidden = d // heads, cfg.mlp_ratio * d
+
+    def dense(path: str, kernel: tuple[int, ...], bias: tuple[int, ...], layer: str) -> list:
+        own = [WeightInfo(f"{path}.bias", bias, layer)] if cfg.bias else []
+        return own + [WeightInfo(f"{path}.kernel", kernel, layer)]
+
+    def norm(path: str) -> list:
+        beta = [WeightInfo(f"{path}.beta", (d,), "LayerNormalization")] if cfg.bias else []
+        return beta + [WeightInfo(f"{path}.gamma", (d,), "LayerNormalization")]
+
+    out = [
+        WeightInfo("token_embedding.embeddings", (vocab, d), "Embedding"),
+        WeightInfo("position_embedding.embeddings", (cfg.context, d), "PositionEmbedding"),
+    ]
+    qkv = ((d, heads, head_dim), (heads, head_dim))
+    for i in range(cfg.layers):
+        b = f"block_{i}"
+        for part in ("key", "proj", "query", "value"):  # attribute names, sorted
+            kernel, bias = ((heads, head_dim, d), (d,)) if part == "proj" else qkv
+            out += dense(f"{b}.attention.{part}", kernel, bias, "EinsumDense")
+        out += norm(f"{b}.ln_1") + norm(f"{b}.ln_2")
+        out += dense(f"{b}.mlp.fc", (d, hidden), (hidden,), "Dense")
+        out += dense(f"{b}.mlp.proj", (hidden, d), (d,), "Dense")
+    out += norm("ln_f")
+    if not cfg.tie_embeddings:
+        out.append(WeightInfo("head.kernel", (d, vocab), "Dense"))
+    return out
 
 
 def parameters(cfg: TransformerConfig, vocab: int) -> int:

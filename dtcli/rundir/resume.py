@@ -20,7 +20,8 @@ from dtcli.rundir.lock import held_by, held_error
 # data, optimizer hyperparameters and schedule may change and take effect from the resumed step.
 FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
     "seed": lambda r: r.seed,
-    "model": lambda r: r.model,
+    # Activation checkpointing changes no state: a run may resume with or without it.
+    "model": lambda r: _without_remat(r.model),
     "optimizer.name": lambda r: r.optimizer.name,
     # Checked after the name: with the same optimizer, only SGD's momentum changes the slots.
     "optimizer.momentum": lambda r: optimizers.slots(r.optimizer),
@@ -28,6 +29,14 @@ FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
     # The run's token ids mean what its saved tokenizer says (RUN_DIR/tokenizer.json).
     "data.tokenizer": lambda r: r.data.tokenizer,
 }
+
+
+def _without_remat(model: recipe_lib.ModelConfig) -> recipe_lib.ModelConfig:
+    if model.transformer is None:
+        return model
+    return dataclasses.replace(
+        model, transformer=dataclasses.replace(model.transformer, remat=False)
+    )
 
 
 def command_recipe(

@@ -20,6 +20,7 @@ from typing import Any
 
 from dtcli import cluster as cluster_lib
 from dtcli import devices as devices_lib
+from dtcli import memory as memory_lib
 from dtcli import mesh as mesh_lib
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
@@ -66,6 +67,7 @@ class Run:
     latest: Path | None = None  # the checkpoint a resume starts from
     meta: dict[str, Any] | None = field(default=None, repr=False)  # its meta.json
     devices_key: str = devices_lib.RECIPE_KEY  # --devices when the command line gave them
+    memory: memory_lib.Budget = memory_lib.NO_BUDGET  # --memory, --no-memory-check
 
     def warn(self, message: str) -> None:
         self.console.print(message, markup=False, highlight=False)
@@ -82,6 +84,7 @@ def train(
     grace: float = DEFAULT_GRACE,
     profile: tuple[int, int] | None = None,
     devices_key: str = devices_lib.RECIPE_KEY,
+    memory: memory_lib.Budget = memory_lib.NO_BUDGET,
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
@@ -90,7 +93,8 @@ def train(
     first step leaves every file as it was. With a `cluster`, this process is one client of a
     multi-client run: a preflight checks the other clients first (within `connect_timeout`
     seconds); all clients train and save checkpoints together, only client 0 holds the lock and
-    writes the recipe, metrics and plots.
+    writes the recipe, metrics and plots. A recipe whose memory plan does not fit `memory` (or
+    the devices' own memory) is refused first, before its folder or model exists.
     """
     from rich.console import Console
 
@@ -117,6 +121,7 @@ def train(
             chief=chief,
             logged=chief and isinstance(console, runlog.LoggedConsole),
             devices_key=devices_key,
+            memory=memory,
         )
         with silent_stop(not chief and progress_lib.launched()):
             return _open_and_train(run)
@@ -133,6 +138,9 @@ def _open_and_train(run: Run) -> RunResult:
             cluster.num_clients,
             run.devices_key,
         )
+    # Before the folder is made and before the model is allocated.
+    role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
+    memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
     try:
         _open(run, path)

@@ -1,0 +1,68 @@
+"""How dtcli's own layers (the GPT's, the Core MLP's) read their weights in the step: gathered
+off the data axis where FSDP shards them, and in the compute dtype (`train.precision`).
+
+FSDP: a weight sharded on the data axis lives as 1/N on each device between steps; where a layer
+uses it, it is relaid out to its compute layout (the same spec without the data axis): an
+all-gather in the forward pass, and the gradient comes back to the weight's own layout (the
+gathered gradient is summed over the batch shards, then each device keeps its slice). DTensor's
+matmul and einsum expanders refuse a weight sharded on the data axis and on a model axis at once
+(DTENSOR_NOTES.md, "FSDP by layouts"); gathered first, the tensor-parallel layer sees the weight
+it always saw.
+
+bf16: weights and activations are cast to bfloat16 for the matmuls only (oneDNN runs them on
+AMX where the CPU has it); each matmul's result comes back as float32, so the residual stream,
+LayerNorm, softmax, the loss, the master weights and the optimizer state stay float32. The cast
+comes before the gather: the all-gather then moves half the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dtcli.mesh import UNSHARDED
+
+
+@dataclass(frozen=True)
+class Compute:
+    # The mesh axis weights may be sharded on for FSDP (the data axis), or None.
+    gather_axis: str | None = None
+    bf16: bool = False
+
+    def weight(self, variable: Any, matmul: bool = True) -> Any:
+        """`variable`'s value in its compute layout; in bfloat16 where it feeds a bf16 matmul."""
+        import tensorflow as tf
+
+        value = tf.convert_to_tensor(variable)
+        if matmul and self.bf16:
+            value = tf.cast(value, tf.bfloat16)
+        return self.gather(variable, value)
+
+    def gather(self, variable: Any, value: Any) -> Any:
+        """`value` (read from `variable`) relaid out without the FSDP axis; a no-op for a
+        weight not sharded on it and for plain (host) variables."""
+        layout = getattr(variable, "layout", None)
+        if self.gather_axis is None or layout is None:
+            return value
+        specs = list(layout.sharding_specs)
+        if self.gather_axis not in specs:
+            return value
+        from tensorflow.experimental import dtensor
+
+        compute = [UNSHARDED if s == self.gather_axis else s for s in specs]
+        return dtensor.relayout(value, dtensor.Layout(compute, layout.mesh))
+
+    def activation(self, x: Any) -> Any:
+        """A matmul's input activation in the compute dtype."""
+        import tensorflow as tf
+
+        return tf.cast(x, tf.bfloat16) if self.bf16 else x
+
+    def result(self, y: Any) -> Any:
+        """A matmul's result back in float32."""
+        import tensorflow as tf
+
+        return tf.cast(y, tf.float32) if self.bf16 else y
+
+
+FLOAT32 = Compute()

@@ -1,0 +1,315 @@
+"""Models bigger than one device: FSDP (weights and optimizer state sharded on the data axis,
+alone or with tensor parallel), bf16 compute and activation checkpointing in dtcli's GPT. Each
+gives the 1-device numbers (within float32 noise; bf16 within its own tolerance), and each
+really happens (bytes on the devices, bf16 matmuls in the step, a recompute in the gradient)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_cli
+
+from dtcli.errors import UsageError
+from dtcli.layout import WeightInfo, WeightPlan, apply_fsdp, check_fsdp_layers
+
+U = "unsharded"
+# A GPT that holds every kind of weight, shrunk (tests/test_language_model.py's TINY).
+TINY = [
+    "model.transformer={layers: 1, d_model: 32, heads: 8, mlp_ratio: 2, context: 16}",
+    "data.batch_size=8",
+    "data.eval_batch_size=8",
+    "train.steps_per_call=10",
+    "optimizer.warmup_steps=5",
+    "optimizer.min_learning_rate=1e-4",
+]
+# recipes/tiny_gpt_tensor_parallel.yaml's Megatron rules
+TP_RULES = {
+    r"(token|position)_embedding\.embeddings": [U, "model"],
+    r"block_\d+\.attention\.(query|key|value)\.kernel": [U, "model", U],
+    r"block_\d+\.attention\.proj\.kernel": ["model", U, U],
+    r"block_\d+\.mlp\.fc\.kernel": [U, "model"],
+    r"block_\d+\.mlp\.proj\.kernel": ["model", U],
+}
+FSDP = ["layouts.fsdp=true", "layouts.rules={}"]
+FSDP_TP = ["layouts.fsdp=true", "layouts.rules=" + json.dumps(TP_RULES)]
+# recipes/gpt_fsdp_tp.yaml (FSDP x TP by its own rules) with tiny_gpt.yaml's optimizer, in
+# float32, so that it compares with the tiny GPT on one device
+SHIPPED = [
+    "train.precision=float32",
+    "optimizer.learning_rate=1e-3",
+    "optimizer.beta_2=0.99",
+    "optimizer.min_learning_rate=1e-4",
+    "train.steps=2000",
+    "train.eval_every=250",
+    "train.steps_per_call=10",
+]
+
+
+# --------------------------------------------------------------------------- the plan (pure)
+
+
+def plan(path: str, shape: tuple[int, ...], spec: tuple[str, ...], layer: str = "Dense"):
+    return WeightPlan(WeightInfo(path, shape, layer), None, spec)
+
+
+def test_fsdp_shards_each_weights_largest_free_dim_on_the_data_axis():
+    axes = {"batch": 4, "model": 2}
+    plans = [
+        plan("emb", (256, 128), (U, U)),  # the largest dim: rows
+        plan("fc", (128, 512), (U, "model")),  # the rules took dim 1: dim 0 is left
+        plan("square", (64, 64), (U, U)),  # a tie: the first dim
+        plan("head", (10,), (U,)),  # 10 does not divide by 4: stays replicated
+        plan("odd", (6, 8), (U, U)),  # the largest dim does not divide: the next one does
+        plan("done", (8, 8), ("batch", U)),  # a rule put it on the data axis already
+        plan(
+            "conv.kernel", (3, 3, 8, 16), (U, U, U, U), "Conv2D"
+        ),  # DTensor refuses sharded filters
+    ]
+    got = {p.weight.path: (p.spec, p.fsdp) for p in apply_fsdp(plans, "batch", axes)}
+    assert got == {
+        "emb": (("batch", U), True),
+        "fc": (("batch", "model"), True),
+        "square": (("batch", U), True),
+        "head": ((U,), False),
+        "odd": ((U, "batch"), True),
+        "done": (("batch", U), False),
+        "conv.kernel": ((U, U, U, U), False),
+    }
+    # on a data axis of one device there is nothing to shard
+    assert apply_fsdp(plans, "batch", {"batch": 1, "model": 8}) == plans
+    # a model that cannot gather two-axis weights keeps the rules' tensor-parallel weights
+    kept = apply_fsdp(plans, "batch", axes, only_unsharded=True)
+    assert [p.spec for p in kept][:2] == [("batch", U), (U, "model")]
+
+
+def test_a_weight_on_the_data_and_a_model_axis_is_refused_for_keras_layers():
+    axes = {"batch": 4, "model": 2}
+    mixed = [WeightPlan(WeightInfo("dense_0.kernel", (64, 32), "Dense"), "d0", ("batch", "model"))]
+    with pytest.raises(UsageError, match=r"layouts.rules.d0'.*'dense_0.kernel'.*'batch'.*'model'"):
+        check_fsdp_layers(mixed, "batch", axes)
+    # the same on a model axis of size 1 is no mix at all
+    check_fsdp_layers(mixed, "batch", {"batch": 8, "model": 1})
+
+
+def test_plan_refuses_mixed_rules_on_a_layer_list_naming_the_rule(cli):
+    rules = {r"dense_0\.kernel": ["batch", "model"]}
+    result = run_cli(
+        "plan",
+        ROOT / "recipes" / "quickstart.yaml",
+        "--set",
+        "layouts.rules=" + json.dumps(rules),
+    )
+    assert result.code == 2
+    assert len(result.err_lines) == 1
+    assert "layouts.rules.dense_0\\.kernel" in result.err and "at once" in result.err
+
+
+# --------------------------------------------------------------------------- live runs
+
+
+def tiny_session(text_file, mesh: str, sets=(), recipe: str = "tiny_gpt.yaml"):
+    from dtcli import recipe as R
+    from dtcli import session as T
+
+    recipe = R.load(
+        ROOT / "recipes" / recipe,
+        R.Overrides((f"data.path={text_file}", *TINY, *sets), mesh=mesh, devices="cpu:8"),
+    )
+    return T.prepare(recipe, use_devices=1 if mesh == "batch=1" else None)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_bytes((ROOT / "README.md").read_bytes()[:20_000])
+    return path
+
+
+def local_bytes(variable) -> list[int]:
+    """The bytes of each local device's shard of a variable, unpacked from the device."""
+    from tensorflow.experimental import dtensor
+
+    return [t.numpy().nbytes for t in dtensor.unpack(variable.read_value())]
+
+
+def optimizer_slots(session) -> list:
+    return [v for v in session.optimizer.trackable.variables if len(v.shape) > 0]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(cpu8, text_file):
+    """20 AdamW steps (warmup, cosine, clipping) of the tiny GPT: 1 device, FSDP over batch=8,
+    FSDP x tensor parallel over batch=4,model=2 (the shipped recipes/gpt_fsdp_tp.yaml, shrunk,
+    in float32)."""
+    from dtcli import session as T
+
+    out = {}
+    for name, mesh, sets, recipe in (
+        ("one", "batch=1", (), "tiny_gpt.yaml"),
+        ("fsdp", "batch=8", FSDP, "tiny_gpt.yaml"),
+        ("fsdp_tp", "batch=4,model=2", SHIPPED, "gpt_fsdp_tp.yaml"),
+    ):
+        s = tiny_session(text_file, mesh, sets, recipe)
+        out[name] = (T.run_steps(s, 20), s)
+    return out
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_tp"])
+def test_fsdp_trains_as_one_device(fsdp_runs, name):
+    base, _ = fsdp_runs["one"]
+    losses, session = fsdp_runs[name]
+    np.testing.assert_allclose(losses, base, rtol=1e-5)
+    assert base[-1] < base[0] - 0.5  # it learned
+
+
+@pytest.mark.parametrize("name, ratio", [("fsdp", 8), ("fsdp_tp", 7.5)])
+def test_fsdp_holds_a_slice_of_weights_and_optimizer_state(fsdp_runs, name, ratio):
+    """Measured on the devices: each weight and each of its Adam slots holds 1/(product of the
+    axes it is split on) on every device; all together 1/8 of one device's bytes on batch=8,
+    and on batch=4,model=2 1/8 for the two-axis weights (the LayerNorm gains split only 4 ways:
+    the rules leave them to FSDP alone)."""
+    _, one = fsdp_runs["one"]
+    _, session = fsdp_runs[name]
+    shares = {
+        p.weight.path: math.prod(session.axes[a] for a in p.spec if a != U) for p in session.plans
+    }
+    assert all(p.fsdp or "batch" in p.spec for p in session.plans)
+    full = total = 0
+    for path, var in session.model.variables.items():
+        sizes = local_bytes(var)
+        assert sizes == [var.shape.num_elements() * 4 // shares[path]] * 8, path
+    for var in session.model.trainable_variables + optimizer_slots(session):
+        total += local_bytes(var)[0]
+    for var in one.model.trainable_variables + optimizer_slots(one):
+        full += local_bytes(var)[0]
+    assert len(optimizer_slots(session)) == 2 * len(session.model.trainable_variables)
+    assert full / total >= ratio
+    if name == "fsdp":
+        assert full == 8 * total
+
+
+def test_optimizer_slots_take_their_weights_layout(fsdp_runs):
+    _, session = fsdp_runs["fsdp_tp"]
+    layouts = {v.shape: v.layout.sharding_specs for v in session.model.trainable_variables}
+    slots = optimizer_slots(session)
+    assert slots
+    for slot in slots:
+        assert slot.layout.sharding_specs == layouts[slot.shape], slot.name
+
+
+# --------------------------------------------------------------------------- bf16, remat
+
+
+def gradients(session):
+    """The gradients of one batch's loss, gathered to the host, and the traced function (its
+    graph shows what the step computes)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    from dtcli import steps
+
+    x, y, mask = session.packer.pack_batch(next(iter(session.train_feed.epoch(0))))
+    variables = session.model.trainable_variables
+
+    @tf.function
+    def grads(x, y, mask):
+        with tf.GradientTape() as tape:
+            out = steps._sums(session.model.forward(x, training=True), y, mask, True)
+            loss = out["ce_sum"] / out["count"]
+        return tape.gradient(loss, variables)
+
+    values = grads(x, y, mask)
+    host = [
+        dtensor.unpack(dtensor.relayout(g, dtensor.Layout.replicated(session.mesh, g.shape.rank)))[
+            0
+        ].numpy()
+        for g in values
+    ]
+    return host, grads.get_concrete_function(x, y, mask).graph
+
+
+def op_types(graph) -> list[str]:
+    """Every op in a graph and in the functions it calls (a recompute lives in one)."""
+    definition = graph.as_graph_def()
+    ops = [n.op for n in definition.node]
+    for function in definition.library.function:
+        ops += [n.op for n in function.node_def]
+    return ops
+
+
+@pytest.mark.parametrize("mesh, sets", [("batch=1", ()), ("batch=4,model=2", FSDP_TP)])
+def test_remat_recomputes_and_gives_the_same_gradients(cpu8, text_file, mesh, sets):
+    plain, plain_graph = gradients(tiny_session(text_file, mesh, sets))
+    remat_session = tiny_session(
+        text_file,
+        mesh,
+        [*sets, "model.transformer.remat=true"],
+    )
+    remat, remat_graph = gradients(remat_session)
+    for a, b in zip(plain, remat):
+        assert float(np.max(np.abs(a - b))) <= 1e-6
+    # the block's forward runs again in the backward pass: GELU's erfc twice, not once
+    assert op_types(plain_graph).count("Erfc") == 1
+    assert op_types(remat_graph).count("Erfc") == 2
+
+
+def test_bf16_runs_the_matmuls_in_bf16_and_keeps_float32_state(fsdp_runs, text_file):
+    from dtcli import session as T
+
+    base, _ = fsdp_runs["one"]
+    s = tiny_session(text_file, "batch=1", ["train.precision=bf16"])
+    losses = T.run_steps(s, 20)
+    np.testing.assert_allclose(losses, base, rtol=5e-3)
+    assert losses != base  # really another computation
+    state = s.model.trainable_variables + optimizer_slots(s)
+    assert {v.dtype.name for v in state} == {"float32"}
+    _, graph = gradients(s)
+    matmuls = [
+        n for n in graph.as_graph_def().node if n.op in ("BatchMatMulV2", "MatMul", "Einsum")
+    ]
+    assert matmuls and all(n.attr["T"].type == 14 for n in matmuls)  # 14: DT_BFLOAT16
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def host_state(session) -> dict[str, np.ndarray]:
+    """Every weight, optimizer slot and the step count, gathered to the host."""
+    from tensorflow.experimental import dtensor
+
+    from dtcli import models
+
+    state = models.host_weights(session.model, session.mesh)
+    for i, var in enumerate(optimizer_slots(session)):
+        full = dtensor.relayout(
+            var.read_value(), dtensor.Layout.replicated(session.mesh, var.shape.rank)
+        )
+        state[f"slot{i}"] = dtensor.unpack(full)[0].numpy()
+    state["iterations"] = int(session.optimizer.iterations.numpy())
+    return state
+
+
+@pytest.mark.parametrize("source, target", [("one", "fsdp"), ("fsdp_tp", "data_parallel")])
+def test_checkpoints_cross_between_data_parallel_and_fsdp(
+    fsdp_runs, text_file, tmp_path, source, target
+):
+    """A checkpoint of 20 steps written on one device restores under FSDP, and one written
+    under FSDP x tensor parallel restores under plain data parallel: every weight, Adam slot
+    and the step count exactly. (The steps after it are the same math on any of these meshes:
+    test_fsdp_trains_as_one_device.)"""
+    import tensorflow as tf
+
+    _, trained = fsdp_runs[source]
+    tf.train.Checkpoint(**trained.checkpoint_objects()).write(str(tmp_path / "ckpt"))
+    mesh, sets = ("batch=8", FSDP) if target == "fsdp" else ("batch=8", ())
+    fresh = tiny_session(text_file, mesh, sets)
+    assert any(p.fsdp for p in fresh.plans) == (target == "fsdp")
+    tf.train.Checkpoint(**fresh.checkpoint_objects()).read(str(tmp_path / "ckpt")).assert_consumed()
+    want, got = host_state(trained), host_state(fresh)
+    assert want["iterations"] == got["iterations"] == 20
+    assert want.keys() == got.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
