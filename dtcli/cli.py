@@ -335,26 +335,45 @@ def generate(
     checkpoint: str = typer.Argument(
         ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
     ),
-    prompt: str = typer.Option("\n", "--prompt", help="The text to continue."),
-    tokens: int = typer.Option(200, "--tokens", help="How many tokens (bytes) to generate."),
+    prompt: list[str] | None = typer.Option(
+        None,
+        "--prompt",
+        help="The text to continue (default: a newline); repeat it for several prompts, "
+        "generated together.",
+    ),
+    prompts_file: str | None = typer.Option(
+        None, "--prompts", help="A file of prompts, one a line (blank lines skipped)."
+    ),
+    tokens: int = typer.Option(200, "--tokens", help="How many new tokens per prompt."),
     temperature: float = typer.Option(
         1.0, "--temperature", help="Softmax temperature; 0: greedy (the most likely token)."
     ),
     top_k: int | None = typer.Option(None, "--top-k", help="Sample among the K most likely."),
+    top_p: float | None = typer.Option(
+        None,
+        "--top-p",
+        help="Sample among the fewest most likely tokens whose probabilities add up to P "
+        "(nucleus; 0 < P <= 1).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling (same seed, same text)."),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="Run the whole window for every token instead of the KV cache (same greedy text; "
+        "for comparison and debugging).",
+    ),
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
 ) -> None:
-    """Generate text from a language model checkpoint; prints only the generated text."""
+    """Generate text from a language model checkpoint: the new text on stdout (a block per
+    prompt when there are several), tokens/s on stderr."""
     from dtcli import generate as generate_lib
 
-    # Written as it is sampled: a long generation shows progress, and Ctrl-C keeps what came.
-    for piece in generate_lib.stream(
-        checkpoint, prompt, tokens, temperature, top_k, seed, mesh=mesh, devices=devices
-    ):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+    prompts = generate_lib.read_prompts(prompt, prompts_file)
+    settings = generate_lib.Settings(tokens, temperature, top_k, top_p, seed, not no_cache)
+    generate_lib.check_options(settings)  # before the model is built
+    generator = generate_lib.Generator(checkpoint, mesh=mesh, devices=devices)
+    generate_lib.write(generator, prompts, settings, sys.stdout, sys.stderr)
 
 
 @app.command()

@@ -2,21 +2,31 @@
 
 The model is built on the target mesh and the checkpoint restored into it (as `eval` does),
 without reading the training text: the run's tokenizer (RUN_DIR/tokenizer.json; bytes for a
-run without one), windows of the recipe's context. Each new token comes from one compiled
-forward pass over the last `context` tokens (a shorter prompt is padded on the right: a causal
-model's logits at the last real position do not see the padding), the input replicated on the
-mesh. Only the tokenizer's ids are ever picked (the model's vocabulary is rounded up past
-them). Greedy decoding (temperature 0) takes the most likely token; sampling draws from a host
-RNG seeded with --seed, so a seed gives the same text every time.
+run without one), windows of the recipe's context under one windowing policy (loop.py: the
+window restarts at the last context // 2 tokens when it is full, for both forward passes).
+
+dtcli's GPT generates with a K/V cache (models/decode.py): each new token costs one position,
+not a window; `cache=False` (--no-cache) runs the model's training forward pass over the window
+for every token instead, as any other language model (`model.build`) always does. Greedy text
+(temperature 0) is the same with and without the cache and on every mesh.
+
+Several prompts run together, one row each, the rows split along the data axis (padded to a
+multiple of its size; at most MAX_ROWS rows at a time); each row has its own window and
+position, so a prompt's greedy text is the one it gets alone. A prompt stops at the tokenizer's
+end-of-document token, where it has one; the others go on. Only the tokenizer's ids are ever
+picked (the model's vocabulary is rounded up past them). Sampling draws from a host RNG per
+prompt seeded with (--seed, the prompt's index): a seed gives the same text every time.
 """
 
 from __future__ import annotations
 
 import codecs
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -24,25 +34,39 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
+from dtcli.generate import loop
+from dtcli.generate.loop import pick, restart_keep, window_start  # noqa: F401 - the API
 from dtcli.recipe import Overrides, Recipe
 
 # One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
 MAX_TOKENS = 1_000_000
+# Prompts generated together at most (more run in batches of this many): the caches and the
+# window passes grow with the rows.
+MAX_ROWS = 64
+DEFAULT_PROMPT = "\n"
 
 
-def check_options(
-    tokens: int, temperature: float, top_k: int | None, prompt: str | bytes, seed: int = 0
-) -> None:
-    if not 1 <= tokens <= MAX_TOKENS:
-        raise UsageError(f"--tokens {tokens}: expected an integer from 1 to {MAX_TOKENS:,}")
-    if not (temperature >= 0 and np.isfinite(temperature)):
-        raise UsageError(f"--temperature {temperature}: expected a number >= 0 (0: greedy)")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"--top-k {top_k}: expected a positive integer")
-    if not prompt:
-        raise UsageError("--prompt: expected at least one character")
-    if not 0 <= seed < 2**32:
-        raise UsageError(f"--seed {seed}: expected an integer from 0 to 2**32 - 1")
+@dataclass(frozen=True)
+class Settings:
+    tokens: int  # new tokens per prompt
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    cache: bool = True  # the K/V cache (dtcli's GPT); False: the window pass for every token
+
+
+def check_options(s: Settings) -> None:
+    if not 1 <= s.tokens <= MAX_TOKENS:
+        raise UsageError(f"--tokens {s.tokens}: expected an integer from 1 to {MAX_TOKENS:,}")
+    if not (s.temperature >= 0 and np.isfinite(s.temperature)):
+        raise UsageError(f"--temperature {s.temperature}: expected a number >= 0 (0: greedy)")
+    if s.top_k is not None and s.top_k < 1:
+        raise UsageError(f"--top-k {s.top_k}: expected a positive integer")
+    if s.top_p is not None and not 0 < s.top_p <= 1:
+        raise UsageError(f"--top-p {s.top_p}: expected a number above 0, at most 1")
+    if not 0 <= s.seed < 2**32:
+        raise UsageError(f"--seed {s.seed}: expected an integer from 0 to 2**32 - 1")
 
 
 def prompt_bytes(prompt: str | bytes) -> bytes:
@@ -56,8 +80,205 @@ def prompt_bytes(prompt: str | bytes) -> bytes:
         raise UsageError(f"--prompt: {exc.reason} at character {exc.start + 1}") from None
 
 
+def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[bytes]:
+    """The prompts of --prompt (repeated; default one newline) or of --prompts FILE (one a line,
+    without its line end; blank lines skipped), as bytes."""
+    if prompts and prompts_file is not None:
+        raise UsageError("--prompts: give the prompts with --prompt or with --prompts, not both")
+    if prompts_file is None:
+        texts = prompts or [DEFAULT_PROMPT]
+        if not all(texts):
+            raise UsageError("--prompt: expected at least one character")
+        return [prompt_bytes(p) for p in texts]
+    try:
+        data = storage.as_path(prompts_file).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"--prompts {prompts_file!r}: cannot read it ({reason})") from None
+    lines = [line.removesuffix(b"\r") for line in data.split(b"\n")]
+    found = [line for line in lines if line.strip()]
+    if not found:
+        raise UsageError(f"--prompts {prompts_file!r}: holds no prompt (one a line)")
+    return found
+
+
+@dataclass
+class Stats:
+    """What `tokens/s` counts: new tokens (every prompt's, an end-of-document token included,
+    the prompts' own not) over the wall time from the first forward pass to the last token
+    (the model's build and restore excluded; the first call's tracing and compiling included,
+    so `after_first` gives the rate of the tokens after the first step too)."""
+
+    tokens: int
+    seconds: float
+    first_seconds: float  # the first step: tracing, compiling, the prompts' pass
+    cache: bool
+    first_tokens: int = 0  # the tokens of the first step (one per prompt)
+
+    @property
+    def per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def after_first(self) -> float:
+        rest = self.seconds - self.first_seconds
+        return (self.tokens - self.first_tokens) / rest if rest > 0 else float("nan")
+
+    def add(self, tokens: int, elapsed: float) -> None:
+        if not self.tokens:
+            self.first_seconds, self.first_tokens = elapsed, tokens
+        self.tokens += tokens
+        self.seconds = elapsed
+
+    def line(self) -> str:
+        how = "with the KV cache" if self.cache else "without a cache"
+        return (
+            f"tokens/s: {self.per_second:.1f} ({self.tokens:,} new tokens in "
+            f"{self.seconds:.2f} s, {how}; {self.after_first:.1f} after the first step, which "
+            f"took {self.first_seconds:.2f} s with compiling)"
+        )
+
+
+class Generator:
+    """A language-model checkpoint restored on a mesh, ready to generate; the compiled forward
+    passes are kept between runs. `use_devices`: the mesh over only the first N devices (see
+    session.prepare)."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        mesh: str | None = None,
+        devices: str | None = None,
+        use_devices: int | None = None,
+    ):
+        found = rundir.find_checkpoint(storage.as_path(path))
+        recipe = rundir.checkpoint_recipe(found, Overrides(mesh=mesh, devices=devices))
+        if recipe.task != "language_model":
+            raise UsageError(
+                f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
+                f"language_model); this run's task is {recipe.task}"
+            )
+        self.session = _restored_session(found, recipe, use_devices, devices_lib.key_for(devices))
+        self.context = int(self.session.data.input_shape[0])
+        # text and tokens, the language-model sources, give one
+        self.tokenizer = self.session.data.tokenizer
+        self.can_cache = recipe.model.transformer is not None
+        self._forwards: dict[tuple[bool, int], Any] = {}
+        self.stats: Stats | None = None  # the last run's
+
+    def rows_for(self, prompts: int) -> int:
+        """Rows of a batch of `prompts`: at most MAX_ROWS, a multiple of the data axis."""
+        shards = self.session.packer.shards
+        return -(-min(prompts, MAX_ROWS) // shards) * shards
+
+    def steps(self, prompts: list[bytes], settings: Settings) -> Iterator[list[tuple[int, int]]]:
+        """Each step's new tokens, (prompt index, token) for every prompt still generating."""
+        vocab = self.tokenizer.vocab_size
+        if settings.top_k is not None and settings.top_k > vocab:
+            raise UsageError(f"--top-k {settings.top_k}: expected at most the vocabulary, {vocab}")
+        ids = [self._encode(p) for p in prompts]
+        rows = self.rows_for(len(ids))
+        cached = settings.cache and self.can_cache
+        forward = self.forward_for(cached, rows)
+        picker = _Picker(settings, len(ids), vocab)
+        stats = self.stats = Stats(0, 0.0, 0.0, cached)
+        start = time.perf_counter()
+        for first in range(0, len(ids), rows):
+            if cached:
+                forward.reset()
+            batch = ids[first : first + rows]
+            eot = self.tokenizer.eot
+            for picked in loop.run(
+                batch, forward, self.context, settings.tokens, rows, picker.at(first), eot
+            ):
+                stats.add(len(picked), time.perf_counter() - start)
+                yield [(first + i, token) for i, token in picked]
+
+    def pieces(self, prompt: bytes, settings: Settings) -> Iterator[str]:
+        """One prompt's new text as it is sampled: a piece per token (bytes that end no UTF-8
+        character yet, or an end-of-document token, give ""); "".join() gives the whole."""
+        text = _Text(self.tokenizer.pieces())
+        for picked in self.steps([prompt], settings):
+            yield text.add(picked[0][1])
+        yield text.end()
+
+    def texts(self, prompts: list[bytes], settings: Settings) -> Iterator[tuple[int, str]]:
+        """Each prompt's whole new text, in order, as each batch of rows ends."""
+        texts = [_Text(self.tokenizer.pieces()) for _ in prompts]
+        rows = self.rows_for(len(prompts))
+        done = 0
+        for picked in self.steps(prompts, settings):
+            for i, token in picked:
+                texts[i].add(token)
+            batch_start = picked[0][0] // rows * rows
+            for i in range(done, batch_start):  # an earlier batch has ended
+                yield i, texts[i].whole()
+            done = max(done, batch_start)
+        for i in range(done, len(prompts)):
+            yield i, texts[i].whole()
+
+    def _encode(self, prompt: bytes) -> np.ndarray:
+        ids = self.tokenizer.encode(prompt)
+        if not len(ids):
+            raise UsageError(f"--prompt {prompt[:40]!r}: it encodes to no token")
+        return ids
+
+    def forward_for(self, cached: bool, rows: int) -> Any:
+        """The forward pass (loop.Forward) for batches of `rows`, compiled once and kept."""
+        from dtcli.generate import forward
+
+        key = (cached, rows)
+        if key not in self._forwards:
+            self._forwards[key] = (
+                forward.CachedForward(self.session, rows)
+                if cached
+                else forward.WindowForward(self.session)
+            )
+        return self._forwards[key]
+
+
+class _Picker:
+    """Each prompt's tokens picked with its own RNG, seeded (seed, prompt index): its sample
+    does not depend on the other prompts of its batch."""
+
+    def __init__(self, settings: Settings, prompts: int, vocab: int):
+        self.s = settings
+        self.vocab = vocab
+        self.rngs = [np.random.default_rng([settings.seed, i]) for i in range(prompts)]
+
+    def at(self, first: int) -> Any:
+        """The loop's pick_row for the batch whose row 0 is prompt `first`."""
+        s = self.s
+
+        def pick_row(i: int, logits: np.ndarray) -> int:
+            return pick(logits, s.temperature, s.top_k, self.rngs[first + i], self.vocab, s.top_p)
+
+        return pick_row
+
+
+class _Text:
+    """New tokens as text: their bytes decoded as UTF-8 (invalid sequences replaced)."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = pieces
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.parts: list[str] = []
+
+    def add(self, token: int) -> str:
+        self.parts.append(self.decoder.decode(self.pieces[token]))
+        return self.parts[-1]
+
+    def end(self) -> str:
+        self.parts.append(self.decoder.decode(b"", final=True))
+        return self.parts[-1]
+
+    def whole(self) -> str:
+        self.end()
+        return "".join(self.parts)
+
+
 def stream(
-    path: Path,
+    path: Path | str,
     prompt: str | bytes,
     tokens: int,
     temperature: float = 1.0,
@@ -66,55 +287,41 @@ def stream(
     mesh: str | None = None,
     devices: str | None = None,
     use_devices: int | None = None,
+    top_p: float | None = None,
+    cache: bool = True,
 ) -> Iterator[str]:
-    """`tokens` new tokens after `prompt`, their bytes decoded as UTF-8 (invalid sequences
-    replaced), as they are sampled: a piece per token (bytes that end no UTF-8 character yet,
-    or an end-of-document token, give ""), so a caller can print it as it comes and keep it
-    on Ctrl-C; "".join() gives the whole text.
-    `use_devices`: the mesh over only the first N devices (see session.prepare)."""
-    check_options(tokens, temperature, top_k, prompt, seed)
-    prompt_bytes(prompt)  # before any work
-    found = rundir.find_checkpoint(storage.as_path(path))
-    recipe = rundir.checkpoint_recipe(found, Overrides(mesh=mesh, devices=devices))
-    if recipe.task != "language_model":
-        raise UsageError(
-            f"CHECKPOINT {str(path)!r}: generate needs a language model (task language_model); "
-            f"this run's task is {recipe.task}"
-        )
-    session = _restored_session(found, recipe, use_devices, devices_lib.key_for(devices))
-    context = session.data.input_shape[0]
-    tokenizer = session.data.tokenizer  # text and tokens, the language-model sources, give one
-    vocab = tokenizer.vocab_size
-    if top_k is not None and top_k > vocab:
-        raise UsageError(f"--top-k {top_k}: expected at most the vocabulary, {vocab}")
-    logits_at = _next_logits(session)
-    from tensorflow.experimental import dtensor
-
-    from dtcli.layout import replicated
-
-    mesh_ = session.mesh
-    rng = np.random.default_rng(seed)
-    sequence = [int(i) for i in _encode(tokenizer, prompt_bytes(prompt))]
-    pieces = tokenizer.pieces()
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for _ in range(tokens):
-        window = sequence[-context:]
-        padded = np.zeros((1, context), np.int32)
-        padded[0, : len(window)] = window
-        x = dtensor.copy_to_mesh(padded, replicated(mesh_, 2))
-        at = dtensor.copy_to_mesh(np.arange(context) == len(window) - 1, replicated(mesh_, 1))
-        row = dtensor.unpack(logits_at(x, at))[0].numpy().astype(np.float64)
-        token = pick(row, temperature, top_k, rng, vocab)
-        sequence.append(token)
-        yield decoder.decode(pieces[token])
-    yield decoder.decode(b"", final=True)
+    """`tokens` new tokens after `prompt` as they are sampled (Generator.pieces), so a caller
+    can print them as they come and keep them on Ctrl-C."""
+    settings = Settings(tokens, temperature, top_k, top_p, seed, cache)
+    check_options(settings)
+    if isinstance(prompt, bytes) and not prompt:
+        raise UsageError("--prompt: expected at least one character")
+    data = prompt if isinstance(prompt, bytes) else read_prompts([prompt], None)[0]
+    yield from Generator(path, mesh, devices, use_devices).pieces(data, settings)
 
 
-def _encode(tokenizer: Any, prompt: bytes) -> np.ndarray:
-    ids = tokenizer.encode(prompt)
-    if not len(ids):
-        raise UsageError("--prompt: it encodes to no token")
-    return ids
+def write(
+    generator: Generator, prompts: list[bytes], settings: Settings, out: TextIO, err: TextIO
+) -> None:
+    """What the command prints: one prompt's text as it is sampled; several prompts' texts as
+    blocks with a header line each (`==> prompt 2: 'text' <==`, as `head` heads files); then
+    the tokens/s line (Stats) on `err`."""
+    check_options(settings)
+    if len(prompts) == 1:
+        for piece in generator.pieces(prompts[0], settings):
+            out.write(piece)
+            out.flush()  # a long generation shows progress, and Ctrl-C keeps what came
+        out.write("\n")
+        out.flush()  # before the tokens/s line on `err`
+    else:
+        for i, text in generator.texts(prompts, settings):
+            shown = prompts[i].decode("utf-8", errors="replace")
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            gap = "\n" if i else ""  # a blank line between blocks
+            out.write(f"{gap}==> prompt {i + 1}: {shown!r} <==\n{text}\n")
+            out.flush()
+    if generator.stats is not None:
+        print(generator.stats.line(), file=err, flush=True)
 
 
 def _restored_session(
@@ -141,47 +348,3 @@ def _restored_session(
     ckpt = ckpt_lib.Checkpointer(found.parent, {"model": session.model.module}, keep=1)
     ckpt.restore(found, session.model.weights, partial=True)
     return session
-
-
-def _next_logits(session: Any) -> Any:
-    """The compiled forward pass: a window of tokens in, the logits at one position out."""
-    import tensorflow as tf
-    from tensorflow.experimental import dtensor
-
-    from dtcli.layout import replicated
-
-    model = session.model
-    mesh_ = session.mesh
-
-    @tf.function(autograph=model.needs_autograph)
-    def logits_at(window: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
-        """`at`: [context] bool, true at the last prompt position (a position as an int
-        would be folded into the program by DTensor and lowered again: Packer.flags)."""
-        out = model.forward(window, training=False)  # [1, context, vocab]
-        row = tf.reduce_sum(out[0] * tf.cast(at, out.dtype)[:, None], axis=0)
-        return dtensor.relayout(row, replicated(mesh_, 1))
-
-    return logits_at
-
-
-def pick(
-    logits: np.ndarray,
-    temperature: float,
-    top_k: int | None,
-    rng: np.random.Generator,
-    vocab: int | None = None,
-) -> int:
-    """The next token: the most likely (temperature 0), or a draw from the softmax of
-    logits / temperature over the top_k most likely; only ids below `vocab` (the tokenizer's:
-    the model's vocabulary is rounded up past it, and those ids are never a token)."""
-    if vocab is not None and vocab < len(logits):
-        logits = np.concatenate([logits[:vocab], np.full(len(logits) - vocab, -np.inf)])
-    if temperature == 0:
-        return int(np.argmax(logits))
-    scaled = logits / temperature
-    if top_k is not None and top_k < len(scaled):
-        cut = np.sort(scaled)[-top_k]
-        scaled = np.where(scaled < cut, -np.inf, scaled)
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    return int(rng.choice(len(probs), p=probs))
