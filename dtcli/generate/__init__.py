@@ -106,36 +106,41 @@ def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[by
 class Stats:
     """What `tokens/s` counts: new tokens (every prompt's, an end-of-document token included,
     the prompts' own not) over the wall time from the first forward pass to the last token
-    (the model's build and restore excluded; the first call's tracing and compiling included,
-    so `after_first` gives the rate of the tokens after the first step too)."""
+    (the model's build and restore excluded; tracing and compiling included). `steady` is the
+    rate after the first WARM steps: the first runs the prompts' pass and compiles it, the
+    second compiles the cache's one-position pass (a window pass is compiled once)."""
 
     tokens: int
     seconds: float
-    first_seconds: float  # the first step: tracing, compiling, the prompts' pass
     cache: bool
-    first_tokens: int = 0  # the tokens of the first step (one per prompt)
+    steps: int = 0
+    warm_seconds: float = 0.0  # the first WARM steps'
+    warm_tokens: int = 0
+
+    WARM = 2
 
     @property
     def per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
     @property
-    def after_first(self) -> float:
-        rest = self.seconds - self.first_seconds
-        return (self.tokens - self.first_tokens) / rest if rest > 0 else float("nan")
+    def steady(self) -> float:
+        rest = self.seconds - self.warm_seconds
+        return (self.tokens - self.warm_tokens) / rest if rest > 0 else float("nan")
 
     def add(self, tokens: int, elapsed: float) -> None:
-        if not self.tokens:
-            self.first_seconds, self.first_tokens = elapsed, tokens
+        self.steps += 1
         self.tokens += tokens
         self.seconds = elapsed
+        if self.steps <= self.WARM:
+            self.warm_seconds, self.warm_tokens = elapsed, self.tokens
 
     def line(self) -> str:
         how = "with the KV cache" if self.cache else "without a cache"
         return (
             f"tokens/s: {self.per_second:.1f} ({self.tokens:,} new tokens in "
-            f"{self.seconds:.2f} s, {how}; {self.after_first:.1f} after the first step, which "
-            f"took {self.first_seconds:.2f} s with compiling)"
+            f"{self.seconds:.2f} s, {how}; {self.steady:.1f} after the first {self.WARM} "
+            f"steps, which took {self.warm_seconds:.2f} s with compiling)"
         )
 
 
@@ -181,7 +186,7 @@ class Generator:
         cached = settings.cache and self.can_cache
         forward = self.forward_for(cached, rows)
         picker = _Picker(settings, len(ids), vocab)
-        stats = self.stats = Stats(0, 0.0, 0.0, cached)
+        stats = self.stats = Stats(0, 0.0, cached)
         start = time.perf_counter()
         for first in range(0, len(ids), rows):
             if cached:
