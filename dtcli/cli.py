@@ -335,26 +335,45 @@ def generate(
     checkpoint: str = typer.Argument(
         ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
     ),
-    prompt: str = typer.Option("\n", "--prompt", help="The text to continue."),
-    tokens: int = typer.Option(200, "--tokens", help="How many tokens (bytes) to generate."),
+    prompt: list[str] | None = typer.Option(
+        None,
+        "--prompt",
+        help="The text to continue (default: a newline); repeat it for several prompts, "
+        "generated together.",
+    ),
+    prompts_file: str | None = typer.Option(
+        None, "--prompts", help="A file of prompts, one a line (blank lines skipped)."
+    ),
+    tokens: int = typer.Option(200, "--tokens", help="How many new tokens per prompt."),
     temperature: float = typer.Option(
         1.0, "--temperature", help="Softmax temperature; 0: greedy (the most likely token)."
     ),
     top_k: int | None = typer.Option(None, "--top-k", help="Sample among the K most likely."),
+    top_p: float | None = typer.Option(
+        None,
+        "--top-p",
+        help="Sample among the fewest most likely tokens whose probabilities add up to P "
+        "(nucleus; 0 < P <= 1).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling (same seed, same text)."),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="Run the whole window for every token instead of the KV cache (same greedy text; "
+        "for comparison and debugging).",
+    ),
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
 ) -> None:
-    """Generate text from a language model checkpoint; prints only the generated text."""
+    """Generate text from a language model checkpoint: the new text on stdout (a block per
+    prompt when there are several), tokens/s on stderr."""
     from dtcli import generate as generate_lib
 
-    # Written as it is sampled: a long generation shows progress, and Ctrl-C keeps what came.
-    for piece in generate_lib.stream(
-        checkpoint, prompt, tokens, temperature, top_k, seed, mesh=mesh, devices=devices
-    ):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+    prompts = generate_lib.read_prompts(prompt, prompts_file)
+    settings = generate_lib.Settings(tokens, temperature, top_k, top_p, seed, not no_cache)
+    generate_lib.check_options(settings)  # before the model is built
+    generator = generate_lib.Generator(checkpoint, mesh=mesh, devices=devices)
+    generate_lib.write(generator, prompts, settings, sys.stdout, sys.stderr)
 
 
 @app.command()
@@ -453,7 +472,7 @@ def plot(
         None,
         "--metric",
         help="loss, accuracy, step_loss, examples_per_sec; language models also perplexity, "
-        "tokens_per_sec, learning_rate, grad_norm (repeatable).",
+        "bpb, tokens_per_sec, learning_rate, grad_norm (repeatable).",
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""
@@ -467,6 +486,42 @@ def plot(
     out_arg = "--out" if out else "the default --out"
     for path in plot_runs(paths, target, metric or None, out_arg=out_arg):
         print(path)
+
+
+@app.command("prepare-text")
+def prepare_text(
+    source: str = typer.Argument(
+        ..., help="A text file, a folder or a glob of them, or tfds:NAME (a TFDS text data set)."
+    ),
+    out: str = typer.Option(..., "--out", help="A new (or empty) folder for the shards."),
+    tokenizer: str = typer.Option(
+        "bytes",
+        "--tokenizer",
+        help="bytes, bpe:N (a byte-level BPE of N ids trained on the training split), or a "
+        "tokenizer.json (or a folder holding one: a hub model's, a run's).",
+    ),
+    eval_fraction: float = typer.Option(
+        0.1, "--eval-fraction", help="Files: the last part of their bytes kept for evaluation."
+    ),
+    shard_tokens: int = typer.Option(1 << 20, "--shard-tokens", help="Token ids per shard."),
+    train_split: str = typer.Option("train", "--train-split", help="tfds: the training split."),
+    eval_split: str = typer.Option("test", "--eval-split", help="tfds: the evaluation split."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="tfds: its data folder."),
+    download: bool = typer.Option(False, "--download", help="tfds: download and prepare it."),
+) -> None:
+    """Tokenize text into the binary shards `data.source: tokens` streams (never all in memory)."""
+    from dtcli.data import prepare
+
+    tfds = prepare.TfdsOptions(train_split, eval_split, data_dir, download)
+    index = prepare.prepare_text(source, tokenizer, out, eval_fraction, shard_tokens, tfds)
+    for split, info in index["splits"].items():
+        per = info["bytes"] / max(info["tokens"], 1)
+        docs, shards = info["documents"], len(info["shards"])
+        print(
+            f"{split}: {info['tokens']:,} tokens ({per:.2f} bytes each) of {docs:,} "
+            f"document{'s' * (docs != 1)} in {shards} shard{'s' * (shards != 1)}"
+        )
+    print(f"{out}: {index['dtype']} ids of {index['tokenizer']}")
 
 
 def run(argv: list[str] | None = None) -> int:

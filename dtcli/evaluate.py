@@ -18,7 +18,7 @@ from dtcli import recipe as recipe_lib
 from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
-from dtcli.rundir import ATTEMPTS, checkpoint_recipe, find_checkpoint
+from dtcli.rundir import ATTEMPTS, checkpoint_recipe, find_checkpoint, tokenizer_file
 from dtcli.tables import Column, print_table
 
 __all__ = [
@@ -38,6 +38,7 @@ SHOWN = (
     "examples",
     "tokens",
     "loss",
+    "bpb",
     "perplexity",
     "accuracy",
     "mesh",
@@ -112,7 +113,12 @@ def evaluate_checkpoint(
         data = dataclasses.replace(recipe.data, placement="host")
         recipe = recipe_lib.replace(recipe, data=data)
     splits = (split,) if split == "train" else ("eval",)
-    session = session_lib.prepare(recipe, splits=splits, devices_key=devices_key)
+    session = session_lib.prepare(
+        recipe,
+        splits=splits,
+        devices_key=devices_key,
+        tokenizer_file=tokenizer_file(checkpoint),
+    )
 
     def restore(held: Path) -> dict[str, Any]:
         ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)

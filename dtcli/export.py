@@ -58,7 +58,7 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
             ) from None
 
         language = recipe.task == "language_model"
-        # A language model takes byte tokens; a classifier preprocessed float32 examples.
+        # A language model takes token ids; a classifier preprocessed float32 examples.
         dtype = tf.int32 if language else tf.float32
 
         class Serving(tf.Module):
@@ -77,6 +77,8 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+            if language:
+                _with_tokenizer(tmp, checkpoint)
             _finish(tmp, out, checkpoint, meta, input_shape, num_classes, recipe)
         except (OSError, tf.errors.OpError) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -106,8 +108,10 @@ def _finish(
                 "trained_on_mesh": meta["mesh"],
                 "note": "plain tensors on one device; the DTensor layouts of training are not kept",
                 "inputs": (
-                    "int32 byte tokens of shape [batch, context]; logits and probabilities "
-                    "[batch, context, 256] predict the next byte at each position"
+                    f"int32 token ids of shape [batch, context] ({rundir.TOKENIZER} beside this "
+                    f"file encodes and decodes them); logits and probabilities [batch, context, "
+                    f"{num_classes}] predict the next token at each position (ids from the "
+                    "tokenizer's size on are padding, never a token)"
                     if recipe.task == "language_model"
                     else "float32 of shape [batch, *input_shape], preprocessed as in training: "
                     "pixel values scaled to [0, 1]"
@@ -120,3 +124,12 @@ def _finish(
     if out.exists():
         out.rmdir()
     tmp.rename(out)
+
+
+def _with_tokenizer(folder: Path, checkpoint: Path) -> None:
+    """A language model's export carries its run's tokenizer (a run from before tokenizers
+    saved none: its tokens are bytes)."""
+    from dtcli.data import tokenizer as tokenizer_lib
+
+    tok = tokenizer_lib.read_saved(rundir.tokenizer_file(checkpoint))
+    (folder / rundir.TOKENIZER).write_text((tok or tokenizer_lib.ByteTokenizer()).to_json())

@@ -2,10 +2,11 @@
 (seed, epoch), each process's share of them, and the packer that puts them on the mesh.
 
 Two kinds of split feed it (dtcli.data): in-memory splits (embedded, IDX, synthetic) are batched
-from numpy by a permutation of the whole split; streamed splits (TFRecord, image folders, TFDS)
-come through tf.data, never held whole in memory, shuffled by file order and a seeded buffer.
-Either way the last batch of an epoch is padded and masked (no example dropped, every example
-counted once), and a resume restarts an epoch at the batch it stopped at, in the same order.
+from numpy by a permutation of the whole split; streamed splits (TFRecord, image folders, TFDS,
+token shards) come through tf.data, never held whole in memory, shuffled by file order and a
+seeded buffer. Either way the last batch of an epoch is padded and masked (no example dropped,
+every example counted once), and a resume restarts an epoch at the batch it stopped at, in the
+same order.
 
 In a multi-client run each client reads only its share. In-memory: the rows of each global batch
 its devices hold, so the numbers are those of one process. Streamed: the clients whose devices
@@ -180,9 +181,9 @@ class Feed:
             for x, y in ds.as_numpy_iterator():
                 yield _padded(x, y, self.local_batch)
                 done += 1
-        empty = np.zeros((0, *self.split.example_shape), np.float32)
+        empty = np.zeros((0, *self.split.example_shape), self.split.x_dtype)
         for _ in range(done, stop):  # this group's share ran out before the longest one's
-            yield _padded(empty, np.zeros(0, np.int32), self.local_batch)
+            yield _padded(empty, np.zeros((0, *self.split.y_shape), np.int32), self.local_batch)
 
 
 def _padded(x: np.ndarray, y: np.ndarray, width: int) -> Batch:

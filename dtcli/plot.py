@@ -16,6 +16,7 @@ FIGURES = {
     "accuracy": ("train_accuracy", "eval_accuracy"),
     "examples_per_sec": ("examples_per_sec",),
     "perplexity": ("eval_perplexity",),  # language models
+    "bpb": ("eval_bpb",),
     "tokens_per_sec": ("tokens_per_sec",),
     "step_loss": ("loss",),  # from steps.jsonl, against the step
     "learning_rate": ("learning_rate",),
@@ -28,6 +29,7 @@ TITLES = {
     "accuracy": "Accuracy",
     "examples_per_sec": "Training throughput (examples/s)",
     "perplexity": "Evaluation perplexity",
+    "bpb": "Evaluation bits per byte of text",
     "tokens_per_sec": "Training throughput (tokens/s)",
     "step_loss": "Training loss per step",
     "learning_rate": "Learning rate per step",
@@ -127,7 +129,7 @@ def _default_metrics(language: bool, steps: bool) -> list[str]:
     """The figures drawn without --metric: a language model has perplexity and, with per-step
     records, the step curves; others loss, accuracy and the step loss."""
     if language:
-        return ["loss", "accuracy", "perplexity"] + (
+        return ["loss", "accuracy", "perplexity", "bpb"] + (
             ["step_loss", "learning_rate", "grad_norm"] if steps else []
         )
     return ["loss", "accuracy"] + (["step_loss"] if steps else [])

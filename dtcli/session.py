@@ -79,6 +79,7 @@ def prepare(
     cluster: cluster_lib.Cluster | None = None,
     use_devices: int | None = None,
     devices_key: str = devices_lib.RECIPE_KEY,
+    tokenizer_file: Any = None,
 ) -> Session:
     """Configure devices, then load data and build the model and optimizer on the mesh.
 
@@ -88,6 +89,8 @@ def prepare(
     With a `cluster` this process is one client of a multi-client run: it configures only its
     own devices and the mesh spans every client's (the global device list).
     `devices_key`: how messages name the devices (--devices when the command line gave them).
+    `tokenizer_file`: where the run keeps a language model's tokenizer (rundir.TOKENIZER): read
+    when it is there, else the recipe's tokenizer is made (its `data.tokenizer` to be saved).
     """
     want = mesh_lib.device_count_for(recipe.mesh)
     devices = devices_lib.configure(recipe.devices, want, devices_key, cluster=cluster)
@@ -95,7 +98,10 @@ def prepare(
         devices = devices_lib.Devices(devices.device_type, use_devices)
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
     _check_batches(recipe, axes)
-    dataset = data_lib.load(recipe.data, splits) if splits else data_lib.no_data(recipe.data)
+    if splits:
+        dataset = data_lib.load(recipe.data, splits, tokenizer_file)
+    else:
+        dataset = data_lib.no_data(recipe.data, tokenizer_file)
     if "train" in splits:
         data_lib.check_batch_fits(recipe.data, dataset)
     plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
@@ -227,12 +233,16 @@ def evaluate(
     if session.recipe.task == "language_model":  # counts are tokens
         import math
 
-        return {
+        result = {
             "loss": loss,
             "accuracy": correct / max(count, 1.0),
             "perplexity": math.exp(min(loss, 700.0)),
             "tokens": int(count),
         }
+        text_bytes = getattr(feed.split, "target_bytes", None)
+        if text_bytes:  # bits per UTF-8 byte of the text: compares across tokenizers
+            result["bpb"] = ce / math.log(2) / text_bytes
+        return result
     return {"loss": loss, "accuracy": correct / max(count, 1.0), "examples": int(count)}
 
 

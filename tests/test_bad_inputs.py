@@ -460,6 +460,72 @@ CASES: dict[str, Case] = {
         "data.name=tiny_shakespeare", "data.path={tmp}", expect="recipe key 'data.name'"
     ),
     "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
+    # ---- tokenizers and token shards
+    "tokenizer on a classifier": t(
+        "data.tokenizer=bytes", expect="recipe key 'data.tokenizer': source embedded reads no text"
+    ),
+    "tokenizer a number": lm(
+        "data.tokenizer=5", expect="recipe key 'data.tokenizer': expected a string or a mapping"
+    ),
+    "tokenizer empty": lm(
+        "data.tokenizer=''", expect="recipe key 'data.tokenizer': expected bytes"
+    ),
+    "tokenizer BPE too small": lm(
+        "data.tokenizer={train: bpe, vocab_size: 100}", expect="data.tokenizer.vocab_size"
+    ),
+    "tokenizer training unknown": lm(
+        "data.tokenizer={train: wordpiece}", expect="recipe key 'data.tokenizer.train'"
+    ),
+    "tokenizer unknown key": lm(
+        "data.tokenizer={train: bpe, size: 9}", expect="unknown recipe key 'data.tokenizer.size'"
+    ),
+    "tokenizer file missing": lm(
+        "data.tokenizer={tmp}/no.json", expect="recipe key 'data.tokenizer': cannot read"
+    ),
+    "tokenizer file not one": lm(
+        "data.tokenizer={tmp}/t.json",
+        expect="is not a tokenizer.json",
+        setup=file_at("t.json", "{}"),
+    ),
+    "tokens without a folder": lm(
+        "data.source=tokens", expect="recipe key 'data.path': source tokens needs"
+    ),
+    "tokens folder without an index": lm(
+        "data.source=tokens", "data.path={tmp}", expect="holds no index.json"
+    ),
+    "tokens with a tokenizer": lm(
+        "data.source=tokens",
+        "data.path={tmp}",
+        "data.tokenizer=bytes",
+        expect="source tokens uses the tokenizer its shards were made with",
+    ),
+    "tokens with an eval path": lm(
+        "data.source=tokens", "data.path={tmp}", "data.eval_path={tmp}", expect="data.eval_path"
+    ),
+    "tokens on a classifier": t(
+        "data.source=tokens", "data.path={tmp}", expect="recipe key 'task'"
+    ),
+    "prepare-text missing source": c(
+        "prepare-text", "{tmp}/nope", "--out", "{tmp}/o", expect="SOURCE: no file"
+    ),
+    "prepare-text out not empty": c(
+        "prepare-text", "{q}", "--out", "{tmp}/o", expect="not empty", setup=file_at("o/x")
+    ),
+    "prepare-text BPE size": c(
+        "prepare-text", "{q}", "--tokenizer", "bpe:9", "--out", "{tmp}/o", expect="bpe:N"
+    ),
+    "prepare-text tokenizer missing": c(
+        "prepare-text",
+        "{q}",
+        "--tokenizer",
+        "{tmp}/t.json",
+        "--out",
+        "{tmp}/o",
+        expect="--tokenizer: cannot read",
+    ),  # fmt: skip
+    "prepare-text eval fraction": c(
+        "prepare-text", "{q}", "--eval-fraction", "1", "--out", "{tmp}/o", expect="--eval-fraction"
+    ),
     "lm heads over the model axis": c(
         "train",
         str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),
@@ -513,6 +579,29 @@ CASES: dict[str, Case] = {
     ),
     "generate top-k zero": c("generate", "{run}", "--top-k", "0", expect="--top-k"),
     "generate empty prompt": c("generate", "{run}", "--prompt", "", expect="--prompt"),
+    "generate top-p zero": c("generate", "{run}", "--top-p", "0", expect="--top-p 0.0: expected"),
+    "generate top-p above one": c("generate", "{run}", "--top-p", "1.5", expect="--top-p 1.5"),
+    "generate prompts missing": c(
+        "generate", "{run}", "--prompts", "{tmp}/p.txt", expect="--prompts '{tmp}/p.txt': cannot"
+    ),
+    "generate prompts empty": c(
+        "generate",
+        "{run}",
+        "--prompts",
+        "{tmp}/p.txt",
+        expect="holds no prompt",
+        setup=file_at("p.txt", "\n \n"),
+    ),
+    "generate prompt and prompts": c(
+        "generate",
+        "{run}",
+        "--prompt",
+        "a",
+        "--prompts",
+        "{tmp}/p.txt",
+        expect="not both",
+        setup=file_at("p.txt", "b\n"),
+    ),
     "steps per call zero": t("train.steps_per_call=0", expect="train.steps_per_call"),
     "steps per call huge": t("train.steps_per_call=5000", expect="train.steps_per_call"),
     "steps per call text": t("train.steps_per_call=many", expect="train.steps_per_call"),

@@ -1,24 +1,39 @@
 """Data sets: where examples come from, and their splits.
 
 Small data sets (embedded, IDX files, synthetic, text) are read whole into host memory as numpy
-(`Split`); large ones (TFRecord files, image folders, TFDS) are streamed through tf.data as they
-train (`Stream`), never held whole. dtcli.pipeline batches both kinds the same way.
+(`Split`); large ones (TFRecord files, image folders, TFDS, token shards) are streamed through
+tf.data as they train (`Stream`), never held whole. dtcli.pipeline batches both kinds the same way.
 
 One module per source, named in `SOURCES` (the values of data.source). Each has
 `load(cfg, split_names) -> Dataset` and `describe(cfg) -> (example shape, class count)`; a
 streamed one also `examples`, `share_counts` and `read_error`, picked by `Stream.kind`. A new
 source is one module and one line here (and its recipe checks).
+
+The language-model sources (text, tokens) also take `saved`: where the run keeps its
+tokenizer (read there when it exists; see dtcli.data.tokenizer), and have `tokenizer(cfg,
+saved)`; their Dataset carries the tokenizer.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from dtcli.data import embedded, idx, images, streams, synthetic, text, tfds, tfrecord
+from dtcli.data import (
+    embedded,
+    idx,
+    images,
+    streams,
+    synthetic,
+    text,
+    tfds,
+    tfrecord,
+    tokens,
+)
 from dtcli.data.base import (
     Dataset,
     Split,
@@ -39,7 +54,10 @@ SOURCES: dict[str, ModuleType] = {
     "tfds": tfds,
     "tfrecord": tfrecord,
     "images": images,
+    "tokens": tokens,
 }
+# The sources of language-model tokens: they take the run's saved tokenizer.
+TOKENIZED = ("text", "tokens")
 
 __all__ = [
     "SOURCES",
@@ -59,25 +77,35 @@ __all__ = [
 ]
 
 
-def load(cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval")) -> Dataset:
-    """Load the configured data set, scaled to [0, 1] and shaped for the model."""
+def load(
+    cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval"), saved: Path | None = None
+) -> Dataset:
+    """Load the configured data set, scaled to [0, 1] and shaped for the model. `saved`: where
+    a language-model run keeps its tokenizer."""
+    if cfg.source in TOKENIZED:
+        return SOURCES[cfg.source].load(cfg, split_names, saved)
     return SOURCES[cfg.source].load(cfg, split_names)
 
 
-def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
+def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
     """(input shape the model sees, class count) without loading the examples (for `dtcli plan`).
 
-    Reads only headers and labels: IDX headers, TFDS' static feature info, the recipe itself.
+    Reads only headers and labels: IDX headers, TFDS' static feature info, the recipe itself,
+    a tokenizer.json (its size: the model's vocabulary).
     """
-    example, classes = SOURCES[cfg.source].describe(cfg)
+    source = SOURCES[cfg.source]
+    tokenized = cfg.source in TOKENIZED
+    example, classes = source.describe(cfg, saved) if tokenized else source.describe(cfg)
     return model_shape(example, cfg), classes
 
 
-def no_data(cfg: DataConfig) -> Dataset:
-    """A data set of no examples with the shapes `cfg` gives (describe): a model needs them."""
-    shape, classes = describe(cfg)
+def no_data(cfg: DataConfig, saved: Path | None = None) -> Dataset:
+    """A data set of no examples with the shapes `cfg` gives (describe): a model needs them; a
+    language model's with its tokenizer (generate encodes and decodes with it)."""
+    shape, classes = describe(cfg, saved)
     empty = Split(np.zeros((0, *shape), np.float32), np.zeros(0, np.int32))
-    return Dataset(empty, empty, classes, "none")
+    tokenizer = SOURCES[cfg.source].tokenizer(cfg, saved) if cfg.source in TOKENIZED else None
+    return Dataset(empty, empty, classes, "none", tokenizer)
 
 
 def examples(stream: Stream, seed: int, epoch: int, shuffle: bool, group: int, groups: int) -> Any:

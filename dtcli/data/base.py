@@ -5,6 +5,7 @@ scaling, default train/eval ranges)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +28,15 @@ class Split:
 
 @dataclass(frozen=True)
 class TextSplit(Split):
-    """Token windows of a byte string: x[i] the `context` tokens of window i, y[i] the same
+    """Token windows of a token string: x[i] the `context` tokens of window i, y[i] the same
     shifted by one (the next token at every position). x and y are views of `tokens` (a
-    memory-mapped file where it is one file): a batch copies only its own windows."""
+    memory-mapped file where it is one file of byte tokens): a batch copies only its own
+    windows."""
 
-    tokens: np.ndarray  # uint8, one token per byte
+    tokens: np.ndarray  # uint8 (byte tokens) or the tokenizer's token_dtype
+    # An evaluation split's UTF-8 bytes of the text its targets (every y) cover: bits per
+    # byte's denominator (None: not counted, a training split).
+    target_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,10 @@ class Stream:
 
     tfrecord: `files` are TFRecord files, `counts` the records in each; images: `files` are image
     files (one example each) and `labels` their classes; tfds: `files` is empty and `counts` holds
-    the split's size (TFDS reads its own files)."""
+    the split's size (TFDS reads its own files); tokens: `files` are token shards, `counts` the
+    windows of each."""
 
-    kind: str  # "tfrecord" | "images" | "tfds": the name of its source in data.SOURCES
+    kind: str  # "tfrecord" | "images" | "tfds" | "tokens": its source in data.SOURCES
     files: tuple[str, ...]
     counts: tuple[int, ...]
     labels: tuple[int, ...]
@@ -51,6 +57,11 @@ class Stream:
     classes: int
     tfds_split: str = ""
     where: str = ""  # the recipe key the files came from, for errors
+    x_dtype: str = "float32"  # of x as `examples` gives it (token shards: int32 ids)
+    y_shape: tuple[int, ...] = ()  # of one example's y: () a class, (context,) next tokens
+    file_tokens: tuple[int, ...] = ()  # tokens: the token ids each shard file holds
+    token_dtype: str = ""  # tokens: the shards' ids, uint16 or uint32
+    target_bytes: int | None = None  # as TextSplit's
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -62,6 +73,8 @@ class Dataset:
     eval: Split | Stream
     num_classes: int
     description: str
+    # A language model's tokenizer (data.tokenizer.Tokenizer); None for classifiers.
+    tokenizer: Any = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -92,6 +105,10 @@ def empty_like(stream: Stream) -> Stream:
         stream.cfg,
         stream.classes,
         where=stream.where,
+        x_dtype=stream.x_dtype,
+        y_shape=stream.y_shape,
+        file_tokens=(),
+        token_dtype=stream.token_dtype,
     )
 
 

@@ -1,24 +1,64 @@
-"""source text: byte-level language-model windows (one token per byte) of a file, a folder or a
-glob of files, the Python standard library's sources, or a TFDS text data set."""
+"""source text: language-model windows of a file, a folder or a glob of files, the Python
+standard library's sources, or a TFDS text data set, in the recipe's tokens: bytes (one token
+per byte, the default), a tokenizer.json, or a byte-level BPE trained on the training text
+(dtcli.data.tokenizer). Held in memory: text too large for it goes through `dtcli prepare-text`
+and source tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from dtcli.data import tfds as tfds_source
+from dtcli.data import tokenizer as tokenizer_lib
 from dtcli.data.base import Dataset, TextSplit
+from dtcli.data.tokenizer import ByteTokenizer, Tokenizer
 from dtcli.errors import UsageError, one_line
-from dtcli.recipe import BYTE_VOCAB, DataConfig
+from dtcli.recipe import DataConfig, TrainTokenizerConfig
+
+TOKENIZER_KEY = "recipe key 'data.tokenizer'"
 
 
-def describe(cfg: DataConfig) -> tuple[tuple[int, ...], int]:
-    return (int(cfg.context or 1),), BYTE_VOCAB
+def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
+    """The window and the model's vocabulary (`_vocab`)."""
+    spec = cfg.tokenizer
+    tok = None if isinstance(spec, TrainTokenizerConfig) else tokenizer(cfg, saved)
+    return (int(cfg.context or 1),), _vocab(cfg, tok)
 
 
-def _text_files(pattern: str, key: str) -> list[Path]:
-    """A file, every file under a folder (sorted), or a glob's files (sorted)."""
+def _vocab(cfg: DataConfig, tok: Tokenizer | None) -> int:
+    """The model's vocabulary: a BPE to train has the recipe's size (known before it is
+    trained), any other tokenizer its own, rounded up (tokenizer.model_vocab)."""
+    spec = cfg.tokenizer
+    size = spec.vocab_size if isinstance(spec, TrainTokenizerConfig) else tok.vocab_size
+    return tokenizer_lib.model_vocab(size)
+
+
+def tokenizer(
+    cfg: DataConfig, saved: Path | None = None, train_text: bytes | None = None
+) -> Tokenizer:
+    """The run's tokenizer: the one it saved at `saved`, else the recipe's: bytes, a
+    tokenizer.json, or a BPE trained on the training text (`train_text`, read here where not
+    given: training is deterministic, so it is the tokenizer the run trained)."""
+    found = tokenizer_lib.read_saved(saved)
+    if found is not None:
+        return found
+    spec = cfg.tokenizer
+    if spec is None or spec == "bytes":
+        return ByteTokenizer()
+    if isinstance(spec, str):
+        return tokenizer_lib.load(spec, TOKENIZER_KEY)
+    if train_text is None:
+        train_text = _byte_parts(cfg, whole_chars=True)[0].tobytes()
+    text = train_text.decode("utf-8", errors="replace")
+    return tokenizer_lib.train_bpe(tokenizer_lib.line_pieces([text]), spec.vocab_size)
+
+
+def text_files(pattern: str, named: str) -> list[Path]:
+    """A file, every file under a folder (sorted), or a glob's files (sorted). `named`: how
+    errors name the pattern ("recipe key 'data.path'", "SOURCE")."""
     import glob
 
     path = Path(pattern).expanduser()
@@ -27,11 +67,11 @@ def _text_files(pattern: str, key: str) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         if not files:
-            raise UsageError(f"recipe key '{key}': folder {pattern!r} holds no files")
+            raise UsageError(f"{named}: folder {pattern!r} holds no files")
         return files
     files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     if not files:
-        raise UsageError(f"recipe key '{key}': no file, folder or glob match at {pattern!r}")
+        raise UsageError(f"{named}: no file, folder or glob match at {pattern!r}")
     return files
 
 
@@ -62,56 +102,90 @@ def _windows(tokens: np.ndarray, context: int, stride: int) -> TextSplit:
     return TextSplit(view[:, :-1], view[:, 1:], tokens)
 
 
-def load(cfg: DataConfig, split_names: tuple[str, ...]) -> Dataset:
-    """Byte-level language-model windows: training windows start at every byte, evaluation
-    windows tile the evaluation bytes without overlap (each token predicted once)."""
-    context = int(cfg.context or 1)
+Parts = tuple[np.ndarray, np.ndarray, str, tuple[str, str]]
+
+
+def _byte_parts(cfg: DataConfig, whole_chars: bool = False) -> Parts:
+    """(training bytes, evaluation bytes, what they are, the recipe keys that gave each).
+    `whole_chars`: an eval_fraction cut moves to the next UTF-8 character's first byte (a
+    tokenizer reads characters; bytes keep the exact cut)."""
     if cfg.path is None and cfg.name != "digits":
-        return _tfds_text(cfg, context)
+        return _tfds_parts(cfg)
     if cfg.path is None:
         files, what = stdlib_sources(), "the Python standard library's sources"
         if not files:
             raise UsageError("recipe key 'data.path': this Python has no standard library sources")
     else:
-        files = _text_files(cfg.path, "data.path")
+        files = text_files(cfg.path, "recipe key 'data.path'")
         what = files[0].name if len(files) == 1 else f"{len(files)} files in {cfg.path}"
     tokens = _read_tokens(files, "data.path")
     if cfg.eval_path is not None:
-        train, evaluate = (
-            tokens,
-            _read_tokens(_text_files(cfg.eval_path, "data.eval_path"), "data.eval_path"),
-        )
-    else:
-        cut = int(len(tokens) * (1 - cfg.eval_fraction))
-        train, evaluate = tokens[:cut], tokens[cut:]
+        files = text_files(cfg.eval_path, "recipe key 'data.eval_path'")
+        return tokens, _read_tokens(files, "data.eval_path"), what, ("data.path", "data.eval_path")
     # Without eval_path the evaluation bytes are the end of data.path's: eval_fraction's.
-    keys = ("data.path", "data.eval_path" if cfg.eval_path is not None else "data.eval_fraction")
-    return _text_dataset(context, train, evaluate, what, keys)
+    cut = int(len(tokens) * (1 - cfg.eval_fraction))
+    while whole_chars and cut < len(tokens) and tokens[cut] & 0xC0 == 0x80:
+        cut += 1  # a UTF-8 continuation byte
+    return tokens[:cut], tokens[cut:], what, ("data.path", "data.eval_fraction")
+
+
+def load(cfg: DataConfig, split_names: tuple[str, ...], saved: Path | None = None) -> Dataset:
+    """Language-model windows: training windows start at every token, evaluation windows tile
+    the evaluation tokens without overlap (each token predicted once)."""
+    context = int(cfg.context or 1)
+    tok = tokenizer_lib.read_saved(saved)
+    if tok is None and cfg.tokenizer in (None, "bytes"):
+        tok = ByteTokenizer()
+    train, evaluate, what, keys = _byte_parts(cfg, not isinstance(tok, ByteTokenizer))
+    if not isinstance(tok, ByteTokenizer):  # else the bytes are the tokens
+        tok = tok or tokenizer(cfg, None, train.tobytes())
+        train, evaluate = (tok.encode(part.tobytes()) for part in (train, evaluate))
+    return _text_dataset(context, train, evaluate, what, keys, tok, _vocab(cfg, tok))
 
 
 def _text_dataset(
-    context: int, train: np.ndarray, evaluate: np.ndarray, what: str, keys: tuple[str, str]
+    context: int,
+    train: np.ndarray,
+    evaluate: np.ndarray,
+    what: str,
+    keys: tuple[str, str],
+    tok: Tokenizer,
+    vocab: int,
 ) -> Dataset:
     """Training and evaluation tokens -> windows, refusing a part shorter than one window
     (naming `keys`: the recipe keys that gave the training and the evaluation tokens)."""
+    unit = "bytes" if isinstance(tok, ByteTokenizer) else "tokens"
     for key, part, name in zip(keys, (train, evaluate), ("training", "evaluation")):
         if len(part) < context + 1:
             raise UsageError(
-                f"recipe key '{key}': the {name} text has {len(part)} bytes, fewer than one "
+                f"recipe key '{key}': the {name} text has {len(part)} {unit}, fewer than one "
                 f"window of data.context + 1 = {context + 1}"
             )
+    held_out = _windows(evaluate, context, context)
+    held_out = TextSplit(held_out.x, held_out.y, evaluate, tok.target_bytes(held_out.y))
     return Dataset(
         _windows(train, context, 1),
-        _windows(evaluate, context, context),
-        BYTE_VOCAB,
-        f"text {what} ({len(train):,} train / {len(evaluate):,} eval bytes, byte tokens, "
-        f"windows of {context})",
+        held_out,
+        vocab,
+        f"text {what} ({len(train):,} train / {len(evaluate):,} eval {unit}, "
+        f"{tok.description}, windows of {context})",
+        tok,
     )
 
 
-def _tfds_text(cfg: DataConfig, context: int) -> Dataset:
+def _tfds_parts(cfg: DataConfig) -> Parts:
     """A TFDS text data set by name (tiny_shakespeare): the UTF-8 bytes of every example's text
-    feature in data.train_split and data.eval_split (e.g. "validation+test"), as byte tokens."""
+    feature in data.train_split and data.eval_split (e.g. "validation+test")."""
+    train = b"".join(tfds_documents(cfg, cfg.train_split, "train_split"))
+    evaluate = b"".join(tfds_documents(cfg, cfg.eval_split, "eval_split"))
+    what = f"TFDS {cfg.name} {cfg.train_split} / {cfg.eval_split}"
+    keys = ("data.train_split", "data.eval_split")
+    return np.frombuffer(train, np.uint8), np.frombuffer(evaluate, np.uint8), what, keys
+
+
+def tfds_documents(cfg: DataConfig, split: str, key: str) -> Iterator[bytes]:
+    """The UTF-8 text of each example of TFDS data set cfg.name's `split`, in TFDS' order
+    (prepared first where data.download asks); `key`: the recipe key that gave the split."""
     import tensorflow_datasets as tfds
 
     builder = tfds_source.builder(cfg)
@@ -122,20 +196,12 @@ def _tfds_text(cfg: DataConfig, context: int) -> Dataset:
             "text; an image data set is source tfds)"
         )
     tfds_source.download(builder, cfg)
-
-    def read(split: str, key: str) -> np.ndarray:
-        records = tfds_source.records(cfg, split, key, supervised=False)
-        try:
-            chunks = [bytes(r[texts[0]]) for r in tfds.as_numpy(records)]
-        except Exception as exc:  # noqa: BLE001 - TFDS/tf.data read errors, in one line
-            raise UsageError(
-                f"recipe key 'data.{key}': reading TFDS {cfg.name!r} {split!r} failed "
-                f"({one_line(exc, named=True)})"
-            ) from None
-        return np.frombuffer(b"".join(chunks), np.uint8)
-
-    train = read(cfg.train_split, "train_split")
-    evaluate = read(cfg.eval_split, "eval_split")
-    what = f"TFDS {cfg.name} {cfg.train_split} / {cfg.eval_split}"
-    keys = ("data.train_split", "data.eval_split")
-    return _text_dataset(context, train, evaluate, what, keys)
+    records = tfds_source.records(cfg, split, key, supervised=False)
+    try:
+        for record in tfds.as_numpy(records):
+            yield bytes(record[texts[0]])
+    except Exception as exc:  # noqa: BLE001 - TFDS/tf.data read errors, in one line
+        raise UsageError(
+            f"recipe key 'data.{key}': reading TFDS {cfg.name!r} {split!r} failed "
+            f"({one_line(exc, named=True)})"
+        ) from None

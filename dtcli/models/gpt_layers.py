@@ -12,6 +12,11 @@ axis where FSDP shards them, cast to bfloat16 for the matmuls under `train.preci
 the Dense, EinsumDense and LayerNormalization here are dtcli's own small layers (tf-keras'
 read their variables directly); they keep tf-keras' names, weight names and arithmetic, so
 checkpoints, layout rules and float32 numbers are the same as with the stock layers.
+
+Generation's KV cache (models/decode.py) runs the same layers through their own methods:
+Attention.attend (the training attention, also giving its keys and values) and decode (one
+position over a cache), Block.prefill and decode, PositionEmbedding.add_at. `call` stays the
+training path: the same ops, so the same numbers bit for bit (float32 and bf16, checked).
 """
 
 from __future__ import annotations
@@ -186,6 +191,13 @@ class PositionEmbedding(tf_keras.layers.Layer):
         time = x.shape[1]
         return x + (table if time == self.context else table[:time])
 
+    def add_at(self, x: Any, at: Any) -> Any:
+        """Generation: x [batch, 1, d_model] plus each row's position vector, the position given
+        as a one-hot row of `at` [batch, context] (a product with 0s and a 1: exactly the table's
+        row; a row of 0s adds nothing)."""
+        table = self.compute.weight(self.embeddings, matmul=False)
+        return x + tf.matmul(tf.cast(at, table.dtype), table)[:, None, :]
+
 
 class Attention(tf_keras.layers.Layer):
     def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
@@ -207,10 +219,15 @@ class Attention(tf_keras.layers.Layer):
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
 
     def call(self, x: Any, training: bool = False) -> Any:
+        return self.attend(x, training)[0]
+
+    def attend(self, x: Any, training: bool = False) -> tuple[Any, Any, Any]:
+        """The attention's output, and its keys and values [batch, heads, time, head_dim] (what
+        generation keeps as the K/V cache of a window; `call` drops them: the same ops)."""
         c = self.compute
         # [batch, heads, time, head_dim]: batched matmuls (an einsum over these dims
         # measured 3x slower on CPU).
-        q, k, v = (tf.transpose(f(x), [0, 2, 1, 3]) for f in (self.query, self.key, self.value))
+        q, k, v = self._heads(x)
         scores = c.result(tf.matmul(c.activation(q), c.activation(k), transpose_b=True))
         scores = scores * (1.0 / math.sqrt(self.head_dim))
         # Causal: position t attends to positions <= t (a lower-triangular band).
@@ -218,7 +235,31 @@ class Attention(tf_keras.layers.Layer):
         scores = scores + (1.0 - keep) * -1e9
         weights = self.dropout(tf.nn.softmax(scores, axis=-1), training=training)
         out = c.result(tf.matmul(c.activation(weights), c.activation(v)))
-        return self.proj(tf.transpose(out, [0, 2, 1, 3]))
+        return self.proj(tf.transpose(out, [0, 2, 1, 3])), k, v
+
+    def _heads(self, x: Any) -> tuple[Any, Any, Any]:
+        return tuple(tf.transpose(f(x), [0, 2, 1, 3]) for f in (self.query, self.key, self.value))
+
+    def decode(
+        self, x: Any, cache_k: Any, cache_v: Any, at: Any, unseen: Any
+    ) -> tuple[Any, Any, Any]:
+        """One new position per row, attending over the cache (generation; no dropout).
+
+        x [batch, 1, d_model]; cache_k, cache_v [batch, heads, context, head_dim]; `at`
+        [batch, context] bool, one-hot: where the row's new key and value are written (a row
+        with none writes nothing); `unseen` [batch, 1, 1, context] float: 0 at the positions
+        the row attends to (its own and those before), else the training path's -1e9 (so their
+        weights are exactly 0). Returns the output and both caches updated."""
+        c = self.compute
+        q, k, v = self._heads(x)
+        write = at[:, None, :, None]
+        # A select, not a blend: the cache keeps its values bit for bit where nothing is written.
+        cache_k, cache_v = tf.where(write, k, cache_k), tf.where(write, v, cache_v)
+        scores = c.result(tf.matmul(c.activation(q), c.activation(cache_k), transpose_b=True))
+        scores = scores * (1.0 / math.sqrt(self.head_dim))
+        weights = tf.nn.softmax(scores + unseen, axis=-1)
+        out = c.result(tf.matmul(c.activation(weights), c.activation(cache_v)))
+        return self.proj(tf.transpose(out, [0, 2, 1, 3])), cache_k, cache_v
 
 
 class MLP(tf_keras.layers.Layer):
@@ -254,6 +295,21 @@ class Block(tf_keras.layers.Layer):
     def _forward(self, x: Any, training: bool) -> Any:
         x = x + self.dropout(self.attention(self.ln_1(x), training=training), training=training)
         return x + self.dropout(self.mlp(self.ln_2(x)), training=training)
+
+    # Generation (models/decode.py): inference only, so no dropout (it is the identity there).
+    def prefill(self, x: Any) -> tuple[Any, Any, Any]:
+        """The block over a whole window [batch, context, d_model], and its keys and values."""
+        out, k, v = self.attention.attend(self.ln_1(x))
+        x = x + out
+        return x + self.mlp(self.ln_2(x)), k, v
+
+    def decode(
+        self, x: Any, cache_k: Any, cache_v: Any, at: Any, unseen: Any
+    ) -> tuple[Any, Any, Any]:
+        """The block at one new position per row [batch, 1, d_model] (Attention.decode)."""
+        out, cache_k, cache_v = self.attention.decode(self.ln_1(x), cache_k, cache_v, at, unseen)
+        x = x + out
+        return x + self.mlp(self.ln_2(x)), cache_k, cache_v
 
 
 class TiedHead(tf_keras.layers.Layer):

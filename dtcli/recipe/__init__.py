@@ -28,12 +28,14 @@ from dtcli.recipe.configs import (
     BYTE_VOCAB,
     STEPS_PER_CALL,
     STREAMED_SOURCES,
+    TEXT_SOURCES,
     DataConfig,
     LayoutConfig,
     ModelConfig,
     OptimizerConfig,
     Recipe,
     TrainConfig,
+    TrainTokenizerConfig,
     TransformerConfig,
 )
 from dtcli.recipe.data_checks import tfds_installed
@@ -45,6 +47,7 @@ __all__ = [
     "BYTE_VOCAB",
     "STEPS_PER_CALL",
     "STREAMED_SOURCES",
+    "TEXT_SOURCES",
     "UNSHARDED",
     "DataConfig",
     "LayoutConfig",
@@ -54,6 +57,7 @@ __all__ = [
     "Overrides",
     "Recipe",
     "TrainConfig",
+    "TrainTokenizerConfig",
     "TransformerConfig",
     "apply_set",
     "check_mesh_on_devices",
@@ -93,7 +97,7 @@ def from_mapping(raw: dict | None) -> Recipe:
 def _resolve(recipe: Recipe) -> Recipe:
     """Fill in values other keys imply (the resolved recipe in a run directory records them)."""
     d, t, m = recipe.data, recipe.train, recipe.model
-    if d.source == "text" and d.context is None and m.transformer is not None:
+    if d.source in TEXT_SOURCES and d.context is None and m.transformer is not None:
         d = dataclasses.replace(d, context=m.transformer.context)
     if t.steps is not None and t.steps >= 1:
         # train.steps replaces epochs: the run is stretches of eval_every steps, each a

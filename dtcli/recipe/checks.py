@@ -14,6 +14,7 @@ from dtcli.devices import MAX_VIRTUAL_CPUS
 from dtcli.errors import UsageError
 from dtcli.mesh import UNSHARDED, check_batch, mesh_text, resolve_axes
 from dtcli.recipe.configs import (
+    TEXT_SOURCES,
     LayoutConfig,
     ModelConfig,
     OptimizerConfig,
@@ -228,10 +229,10 @@ def _check_task(recipe: Recipe) -> None:
     """A language model needs token windows and a model that predicts every position."""
     d, m = recipe.data, recipe.model
     if recipe.task == "language_model":
-        if d.source != "text":
+        if d.source not in TEXT_SOURCES:
             raise UsageError(
-                f"recipe key 'data.source': task language_model reads text, got {d.source!r} "
-                "(set data.source: text)"
+                f"recipe key 'data.source': task language_model reads text or token shards, got "
+                f"{d.source!r} (set data.source: text or tokens)"
             )
         if d.name != "digits" and (d.path is not None or d.eval_path is not None):
             raise UsageError(
@@ -255,9 +256,10 @@ def _check_task(recipe: Recipe) -> None:
                 f"model.transformer.context {t.context}"
             )
         return
-    if d.source == "text":
+    if d.source in TEXT_SOURCES:
         raise UsageError(
-            "recipe key 'task': data.source text trains a language model; set task: language_model"
+            f"recipe key 'task': data.source {d.source} trains a language model; set task: "
+            "language_model"
         )
     if m.transformer is not None:
         raise UsageError(

@@ -10,18 +10,34 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # Sources read through tf.data, never held whole in memory.
-STREAMED_SOURCES = ("tfds", "tfrecord", "images")
+STREAMED_SOURCES = ("tfds", "tfrecord", "images", "tokens")
+# The sources of language-model tokens (task language_model), each with a data.tokenizer.
+TEXT_SOURCES = ("text", "tokens")
 # data.source text: byte-level tokens, one per byte.
 BYTE_VOCAB = 256
+# data.tokenizer {train: bpe}: the largest vocabulary (a typo guard: 2**20 ids), and the
+# smallest (the 256 bytes and the end-of-document token).
+MAX_VOCAB = 1 << 20
+MIN_BPE_VOCAB = 257
+
+
+@dataclass(frozen=True)
+class TrainTokenizerConfig:
+    """data.tokenizer {train: bpe, vocab_size: N}: a byte-level BPE of at most N ids (the
+    end-of-document token, the 256 bytes, merges), trained on the training split's text at the
+    start of a new run."""
+
+    train: Literal["bpe"] = "bpe"
+    vocab_size: int = 1024
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where examples come from and how they are batched."""
 
-    source: Literal["embedded", "tfds", "idx", "synthetic", "tfrecord", "images", "text"] = (
-        "embedded"
-    )
+    source: Literal[
+        "embedded", "tfds", "idx", "synthetic", "tfrecord", "images", "text", "tokens"
+    ] = "embedded"
     # embedded: the data set's name ("digits"); tfds: the TFDS name ("mnist").
     name: str = "digits"
     # idx: a folder holding MNIST-format IDX files (train-* and/or t10k-*); tfrecord: a glob of
@@ -29,6 +45,7 @@ class DataConfig:
     path: str | None = None
     # text: a file, a folder (every file in it, sorted, concatenated) or a glob; null: the Python
     # standard library's own source files (a corpus every installation carries).
+    # tokens: the folder `dtcli prepare-text` wrote (token shards, index.json, tokenizer.json).
     # tfrecord: a glob of evaluation files; images: a folder of the same class subfolders;
     # text: files to evaluate on (default: the last data.eval_fraction of data.path's bytes).
     eval_path: str | None = None
@@ -36,6 +53,11 @@ class DataConfig:
     # training window starts at any byte (stride 1), evaluation windows do not overlap.
     context: int | None = None
     eval_fraction: float = 0.1
+    # text: null or "bytes" (one token per byte, vocabulary 256), a tokenizer.json (or a folder
+    # holding one: GPT-2's, Llama's, a run's), or {train: bpe, vocab_size: N}. tokens: null (the
+    # shards' own tokenizer). A run keeps the tokenizer it used (RUN_DIR/tokenizer.json); the
+    # model's vocabulary is its size rounded up to a multiple of 64.
+    tokenizer: str | TrainTokenizerConfig | None = None
     # tfrecord: the tf.train.Example features holding the image (bytes) and the class (int64);
     # the image is raw bytes of data.shape in data.dtype, or an encoded PNG/JPEG/GIF/BMP.
     image_key: str = "image"

@@ -12,7 +12,14 @@ import math
 import os
 
 from dtcli.errors import UsageError
-from dtcli.recipe.configs import STREAMED_SOURCES, DataConfig
+from dtcli.recipe.configs import (
+    MAX_VOCAB,
+    MIN_BPE_VOCAB,
+    STREAMED_SOURCES,
+    TEXT_SOURCES,
+    DataConfig,
+    TrainTokenizerConfig,
+)
 
 # The embedded digits (the UCI 8x8 digits shipped in dtcli/assets, see data._embedded): the first
 # 4/5 train unless ranges are given.
@@ -51,6 +58,7 @@ def check_data(d: DataConfig) -> None:
     """The `data` section on its own (the task and mesh checks that involve it are in checks)."""
     _check_sizes(d)
     _check_source_needs(d)
+    _check_tokenizer(d)
     _check_reading(d)
     known = _known_train_count(d)
     if known is not None and d.batch_size > known:
@@ -99,6 +107,15 @@ def _check_source_needs(d: DataConfig) -> None:
                 )
     if d.source in ("embedded", "synthetic"):
         _check_no_files(d)
+    if d.source == "tokens" and not d.path:
+        raise UsageError(
+            "recipe key 'data.path': source tokens needs the folder `dtcli prepare-text` wrote"
+        )
+    if d.source == "tokens" and d.eval_path:
+        raise UsageError(
+            "recipe key 'data.eval_path': source tokens evaluates on the eval shards of "
+            "data.path (prepare-text's split); remove data.eval_path"
+        )
     if d.context is not None and d.context < 1:
         raise UsageError(f"recipe key 'data.context': expected an integer >= 1, got {d.context}")
     tfds_key = (
@@ -112,6 +129,36 @@ def _check_source_needs(d: DataConfig) -> None:
         raise UsageError(
             f"recipe key '{tfds_key}': TFDS data sets need the tfds extra, which is not "
             "installed: pip install 'dtensor-cli[tfds]'"
+        )
+
+
+def _check_tokenizer(d: DataConfig) -> None:
+    """data.tokenizer: only text has one to choose (token shards carry their own); a BPE's
+    size within bounds. Whether a tokenizer.json is there is seen when the data is read."""
+    t = d.tokenizer
+    if t is None:
+        return
+    if d.source not in TEXT_SOURCES:
+        raise UsageError(
+            f"recipe key 'data.tokenizer': source {d.source} reads no text (only sources text "
+            "and tokens have a tokenizer); remove data.tokenizer"
+        )
+    if d.source == "tokens":
+        raise UsageError(
+            "recipe key 'data.tokenizer': source tokens uses the tokenizer its shards were "
+            "made with (prepare-text saved it beside them); remove data.tokenizer"
+        )
+    if isinstance(t, TrainTokenizerConfig):
+        if not MIN_BPE_VOCAB <= t.vocab_size <= MAX_VOCAB:
+            raise UsageError(
+                f"recipe key 'data.tokenizer.vocab_size': expected an integer from "
+                f"{MIN_BPE_VOCAB} (the 256 bytes and the end-of-document token) to "
+                f"{MAX_VOCAB:,}, got {t.vocab_size}"
+            )
+    elif not t.strip():
+        raise UsageError(
+            "recipe key 'data.tokenizer': expected bytes, a path to a tokenizer.json or "
+            "{train: bpe, vocab_size: N}, got ''"
         )
 
 
@@ -178,7 +225,7 @@ def _example_values(d: DataConfig) -> int:
     """The values in one example as the source gives it (before the model sees it)."""
     if d.source in ("synthetic", "tfrecord", "images"):
         return math.prod(d.shape)
-    if d.source == "text":
+    if d.source in TEXT_SOURCES:
         return d.context or 1
     return 64 if d.source == "embedded" else 28 * 28
 

@@ -7,6 +7,7 @@ finite raises UsageError naming the full key path.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -133,6 +134,13 @@ def _coerce_optional(tp: Any, value: Any, path: str) -> Any:
             raise
         except UsageError:
             raise _fail(path, tp, value) from None
+    # `str | Section | None` (data.tokenizer): a mapping is the section, anything else a str.
+    section = next((a for a in inner if dataclasses.is_dataclass(a)), None)
+    if section is not None and isinstance(value, dict):
+        return build(section, value, path)
+    for option in (a for a in inner if not dataclasses.is_dataclass(a)):
+        with contextlib.suppress(UsageError):
+            return _coerce(option, value, path)
     raise _fail(path, tp, value)
 
 

@@ -8,6 +8,7 @@ This module alone knows what a run directory holds and where:
     resumes.jsonl      one JSON object per resume: from which checkpoint, what the command changed
     train.log          every line `dtcli train` printed, each session headed by its command
     tensorboard/       event files
+    tokenizer.json     a language model's tokenizer (written before the first step)
     checkpoints/       ckpt-STEP/ folders, each complete and self-verifying (dtcli.checkpoint),
                        and `checkpoint`, TensorFlow's pointer to the latest
     plots/             PNG curves
@@ -41,6 +42,7 @@ from dtcli.rundir.files import (
     RESUMES,
     STEPS,
     TENSORBOARD,
+    TOKENIZER,
     TRAIN_LOG,
     Warn,
     check_plots,
@@ -77,6 +79,7 @@ __all__ = [
     "RESUMES",
     "STEPS",
     "TENSORBOARD",
+    "TOKENIZER",
     "TRAIN_LOG",
     "Lock",
     "RunDir",
@@ -102,6 +105,7 @@ __all__ = [
     "require_intact",
     "resume_recipe",
     "steps_file",
+    "tokenizer_file",
     "unlocked",
 ]
 
@@ -152,6 +156,16 @@ class RunDir:
     @property
     def plots(self) -> Path:
         return self.path / PLOTS
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.path / TOKENIZER
+
+    def keep_tokenizer(self, text: str) -> None:
+        """Save the tokenizer a new run uses (a run's saved one is never replaced: a resume,
+        eval and generate read it)."""
+        if not self.tokenizer.exists():
+            storage.write_atomic(self.tokenizer, text)
 
     def complete_checkpoints(self) -> list[Path]:
         return complete_checkpoints(self.path)
@@ -251,7 +265,18 @@ def create(path: Path, arg: str = "--out", warn: Warn = stderr) -> RunDir:
 
 
 # What a run writes before its first checkpoint (no run directory holds anything else of ours).
-_RUN_FILES = (LOCK, TRAIN_LOG, RECIPE, METRICS, STEPS, RESUMES, TENSORBOARD, CHECKPOINTS, PLOTS)
+_RUN_FILES = (
+    LOCK,
+    TRAIN_LOG,
+    RECIPE,
+    METRICS,
+    STEPS,
+    RESUMES,
+    TENSORBOARD,
+    CHECKPOINTS,
+    PLOTS,
+    TOKENIZER,
+)
 
 
 def _not_empty(arg: str, path: Path) -> UsageError:
@@ -325,6 +350,12 @@ def metrics_file(run_dir: Path, arg: str = "RUN_DIR") -> Path:
 
 def steps_file(run_dir: Path) -> Path:
     return storage.as_path(run_dir) / STEPS
+
+
+def tokenizer_file(checkpoint: Path) -> Path:
+    """Where the run a checkpoint (RUN_DIR/checkpoints/ckpt-STEP) belongs to keeps its
+    tokenizer (it may be missing: a run from before tokenizers, or a checkpoint copied alone)."""
+    return storage.as_path(checkpoint).parent.parent / TOKENIZER
 
 
 def check_output_folder(path: Path, arg: str = "--out", refuse_held: bool = True) -> None:

@@ -21,6 +21,8 @@ TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 PLOTS = "plots"
 LOCK = ".dtcli.lock"
+# A language model's tokenizer, as `tokenizers` writes it (bytes too: see data.tokenizer).
+TOKENIZER = "tokenizer.json"
 
 Warn = Callable[[str], None]
 

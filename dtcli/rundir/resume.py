@@ -26,6 +26,8 @@ FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
     # Checked after the name: with the same optimizer, only SGD's momentum changes the slots.
     "optimizer.momentum": lambda r: optimizers.slots(r.optimizer),
     "data.batch_size": lambda r: r.data.batch_size,
+    # The run's token ids mean what its saved tokenizer says (RUN_DIR/tokenizer.json).
+    "data.tokenizer": lambda r: r.data.tokenizer,
 }
 
 

@@ -64,9 +64,10 @@ def epoch_line(record: dict[str, Any], cfg: TrainConfig) -> str:
         flops = record.get("flops_per_sec_per_device")
         mfu = f", MFU {record['mfu']:.1%}" if "mfu" in record else ""
         per_device = f", {flops / 1e9:,.1f} GFLOP/s per device{mfu}" if flops else ""
+        bpb = f" bpb {record['eval_bpb']:.4f}" if "eval_bpb" in record else ""
         return (
-            f"{where} loss {record['train_loss']:.4f} | eval loss {record['eval_loss']:.4f} "
-            f"ppl {record['eval_perplexity']:.2f} acc {record['eval_accuracy']:.4f} | "
+            f"{where} loss {record['train_loss']:.4f} | eval loss {record['eval_loss']:.4f}"
+            f"{bpb} ppl {record['eval_perplexity']:.2f} acc {record['eval_accuracy']:.4f} | "
             f"{record['tokens_per_sec']:,.0f} tok/s{per_device}{compiling}"
         )
     return (

@@ -172,6 +172,8 @@ class EpochLoop:
             record["peak_memory_bytes"] = peak
         if session.recipe.task == "language_model":
             record["eval_perplexity"] = ev["perplexity"]
+            if "bpb" in ev:
+                record["eval_bpb"] = ev["bpb"]
             record["train_tokens"] = int(state.count)
             record["eval_tokens"] = ev["tokens"]
         else:

@@ -205,8 +205,16 @@ def _train(run: Run) -> RunResult:
         run.recipe.train, run.meta["step"], run.meta["epoch_state"]["epoch"]
     ):
         return _nothing_to_train(run)
-    session = prepare(run.recipe, cluster=run.cluster, devices_key=run.devices_key)
+    session = prepare(
+        run.recipe,
+        cluster=run.cluster,
+        devices_key=run.devices_key,
+        tokenizer_file=run.folder.tokenizer,
+    )
     run.recipe = session.recipe
+    if run.chief and session.data.tokenizer is not None and run.resume is None:
+        # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
+        run.folder.keep_tokenizer(session.data.tokenizer.to_json())
     train_step, eval_step = make_steps(session)
     checkpointer = _checkpointer(run, session)
     history, start, on_first_step = _restore(run, session, checkpointer)

@@ -1,0 +1,100 @@
+"""Generation's two forward passes on the mesh (loop.Forward): a step in, logits [rows, vocab]
+out on the host.
+
+`WindowForward` (--no-cache, and any language model that is not dtcli's GPT): the model's own
+forward pass, the one training runs, over every row's whole window at every step.
+`CachedForward`: dtcli's GPT with K/V caches (models/decode.py): a pass over the window only where
+it starts anew (the prompt, a restart of the windowing policy), else one position per row.
+
+Every input is packed with its rows split along the data axis (session.packer), never replicated:
+DTensor folds a small replicated int input into the lowered program and lowers it again when its
+value changes (measured here: a replicated int32 [1, 1] token lowered a second time, a
+batch-split one never, even on an axis of size 1; DTENSOR_NOTES.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dtcli.generate.loop import Step
+
+
+class WindowForward:
+    """The model's forward pass over each row's window (right-padded: a causal model's logits
+    at the last real position do not see the padding)."""
+
+    def __init__(self, session: Any):
+        import tensorflow as tf
+        from tensorflow.experimental import dtensor
+
+        from dtcli.layout import replicated
+
+        model, mesh = session.model, session.mesh
+        self.packer = session.packer
+
+        @tf.function(autograph=model.needs_autograph)
+        def logits_at(window: tf.Tensor, last: tf.Tensor) -> tf.Tensor:
+            out = model.forward(window, training=False)  # [rows, context, vocab]
+            # A sum of 0s and the row at `last`: exactly that row.
+            rows = tf.reduce_sum(out * tf.cast(last, out.dtype)[:, :, None], axis=1)
+            return dtensor.relayout(rows, replicated(mesh, 2))
+
+        self.logits_at = logits_at
+
+    def __call__(self, step: Step) -> np.ndarray:
+        from tensorflow.experimental import dtensor
+
+        pack = self.packer.pack
+        out = self.logits_at(pack(step.windows), pack(step.last))
+        return dtensor.unpack(out)[0].numpy()
+
+
+class CachedForward:
+    """dtcli's GPT with K/V caches for a batch of `rows`; the caches live between steps."""
+
+    def __init__(self, session: Any, rows: int):
+        from dtcli.models import decode
+
+        recipe = session.recipe
+        gather = session.model.module.get_layer("block_0").attention.compute.gather_axis
+        self.gpt = decode.CachedGPT(
+            session.model.module,
+            recipe.model.transformer,
+            session.mesh,
+            recipe.layouts.data_axis,
+            decode.heads_axis(session.plans, gather),
+        )
+        self.packer = session.packer
+        self.rows = rows
+        self.caches = self.gpt.empty(rows)
+
+    def reset(self) -> None:
+        """Forget every row (a new batch of prompts)."""
+        self.caches = self.gpt.empty(self.rows)
+
+    def __call__(self, step: Step) -> np.ndarray:
+        """Rows whose window starts anew refill their caches from it; the others add their last
+        token at its position. A step may need both calls (rows restart at different times)."""
+        from tensorflow.experimental import dtensor
+
+        pack = self.packer.pack
+        refill = step.active & step.restart
+        extend = step.active & ~step.restart
+        last = step.last
+        logits = None
+        if refill.any():
+            out, self.caches = self.gpt.prefill(
+                pack(step.windows), pack(last), pack(refill), self.caches
+            )
+            logits = dtensor.unpack(out)[0].numpy()
+        if extend.any():
+            tokens = step.windows[np.arange(len(last)), step.lengths - 1][:, None]
+            at = last & extend[:, None]  # rows not extended write nothing
+            out, self.caches = self.gpt.decode(pack(tokens), pack(at), self.caches)
+            rows = dtensor.unpack(out)[0].numpy()
+            logits = rows if logits is None else np.where(extend[:, None], rows, logits)
+        if logits is None:  # no row is active (the loop stops before this)
+            raise RuntimeError("a generation step with no active row")
+        return logits

@@ -1,0 +1,214 @@
+"""`dtcli generate` with the KV cache: at every step (window restarts included) the cached
+forward pass gives the logits of the window pass training runs, so greedy text is the same with
+and without the cache, on 1 device and on batch=2,model=4 (heads split, prompts on the data
+axis); several prompts batched give each prompt's text alone; top-p, end of document, the
+windowing policy, what the command prints, and its options."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from conftest import ROOT, dtcli, run_cli
+
+from dtcli import generate
+from dtcli.generate import loop
+
+CONTEXT = 16
+# recipes/tiny_gpt_tensor_parallel.yaml shrunk as in test_language_model.py: 8 heads split 4
+# ways on model=4. Trained on one device in a fresh process (about 15 s): enough for greedy
+# text that differs between the prompts (" the the the" after "ROMEO:\nThe", "und" after "O").
+TRAIN = [
+    f"model.transformer={{layers: 1, d_model: 32, heads: 8, mlp_ratio: 2, context: {CONTEXT}}}",
+    "data.batch_size=16",
+    "data.eval_batch_size=8",
+    "train.steps_per_call=20",
+    "train.steps=600",
+    "train.eval_every=600",
+    "optimizer.learning_rate=1e-2",
+    "optimizer.warmup_steps=5",
+    "optimizer.min_learning_rate=1e-3",
+]
+# Ragged lengths; the last is longer than the context (its first window is a restarted one).
+PROMPTS = [b"ROMEO:", b"O", b"First Citizen:\nBefore we proceed any further, hear me"]
+TOKENS = 30  # past the context: every prompt's window restarts (at least twice)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    shakespeare = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    source = shakespeare if shakespeare.is_file() else ROOT / "README.md"
+    folder = tmp_path_factory.mktemp("generate")
+    (folder / "corpus.txt").write_bytes(source.read_bytes()[:20_000])
+    sets = [x for s in (f"data.path={folder / 'corpus.txt'}", *TRAIN) for x in ("--set", s)]
+    recipe = ROOT / "recipes" / "tiny_gpt_tensor_parallel.yaml"
+    out = folder / "run"
+    r = dtcli("train", recipe, *sets, "--mesh", "batch=1", "--devices", "cpu:1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def one(run_dir, cpu8):
+    return generate.Generator(run_dir, mesh="batch=1", devices="cpu:8", use_devices=1)
+
+
+@pytest.fixture(scope="module")
+def tp(run_dir, cpu8):
+    return generate.Generator(run_dir, mesh="batch=2,model=4", devices="cpu:8")
+
+
+def greedy(tokens: int = TOKENS, cache: bool = True, **kw) -> generate.Settings:
+    return generate.Settings(tokens, temperature=0.0, cache=cache, **kw)
+
+
+def texts(gen, prompts, settings) -> list[str]:
+    return [text for _, text in gen.texts(prompts, settings)]
+
+
+@pytest.mark.parametrize("name", ["one", "tp"])
+def test_the_cache_gives_the_window_passes_logits_at_every_step(name, request):
+    """Both forward passes on the same steps (greedy on the cached logits): equal to float32
+    noise at every step, through restarts that come at different steps for different rows
+    (a step then refills some rows' caches and extends the others')."""
+    gen = request.getfixturevalue(name)
+    rows = gen.rows_for(len(PROMPTS))
+    assert rows == (3 if name == "one" else 4)  # padded to the data axis (2)
+    cached, window = gen.forward_for(True, rows), gen.forward_for(False, rows)
+    cached.reset()
+    gaps, mixed, restarts = [], 0, np.zeros(rows, int)
+
+    def both(step: loop.Step) -> np.ndarray:
+        nonlocal mixed
+        a, b = cached(step), window(step)
+        gaps.append(float(np.max(np.abs(a - b)[step.active])))
+        mixed += bool((step.restart & step.active).any() and (~step.restart & step.active).any())
+        restarts[:] += step.restart & step.active
+        return a
+
+    ids = [gen.tokenizer.encode(p) for p in PROMPTS]
+    picked = list(loop.run(ids, both, CONTEXT, TOKENS, rows, lambda i, x: int(np.argmax(x))))
+    assert len(picked) == TOKENS and max(gaps) < 1e-4, gaps
+    assert mixed > 0 and (restarts[: len(PROMPTS)] >= 3).all(), restarts  # the first window too
+
+
+def test_greedy_text_is_the_same_with_and_without_the_cache_on_any_mesh_and_alone(one, tp):
+    base = texts(one, PROMPTS, greedy())
+    assert len(set(base)) == len(base) and all(len(t.encode()) >= TOKENS for t in base), base
+    assert texts(one, PROMPTS, greedy(cache=False)) == base
+    assert texts(tp, PROMPTS, greedy()) == base
+    assert texts(tp, PROMPTS, greedy(cache=False)) == base
+    # each prompt alone (one row; on the mesh: padded to two rows)
+    assert [texts(one, [p], greedy())[0] for p in PROMPTS] == base
+    assert texts(tp, PROMPTS[2:], greedy()) == base[2:]
+
+
+def test_caches_are_laid_out_batch_on_the_data_axis_heads_on_model(tp):
+    from tensorflow.experimental import dtensor
+
+    forward = tp.forward_for(True, 4)
+    list(tp.steps(PROMPTS, greedy(3)))
+    for cache in forward.caches:
+        layout = dtensor.fetch_layout(cache)
+        assert layout.sharding_specs == ["batch", "model", "unsharded", "unsharded"]
+        # [4 rows, 8 heads, context, head_dim 4] over batch=2 x model=4
+        assert dtensor.unpack(cache)[0].shape == (2, 2, CONTEXT, 4)
+
+
+def test_top_p_tiny_is_greedy_and_a_seed_gives_the_same_sample(one):
+    tiny = generate.Settings(20, temperature=1.0, top_p=1e-6, seed=3)
+    assert texts(one, PROMPTS[:2], tiny) == texts(one, PROMPTS[:2], greedy(20))
+    sampled = generate.Settings(20, temperature=1.0, top_p=0.9, seed=3)
+    assert texts(one, PROMPTS[:2], sampled) == texts(one, PROMPTS[:2], sampled)
+
+
+def test_a_prompt_stops_at_end_of_document_and_the_others_go_on(one, monkeypatch):
+    steps = list(one.steps(PROMPTS, greedy(12)))
+    alone = [[t for s in steps for i, t in s if i == row] for row in range(len(PROMPTS))]
+    eot = next(t for t in alone[0][2:] if t not in alone[0][:2])  # prompt 0 stops early
+    monkeypatch.setattr(one.tokenizer, "eot", eot)
+    stopped = list(one.steps(PROMPTS, greedy(12)))
+    for row, tokens in enumerate(alone):
+        got = [t for s in stopped for i, t in s if i == row]
+        expected = tokens[: tokens.index(eot) + 1] if eot in tokens else tokens
+        assert got == expected, row
+    assert len(alone[0]) == 12 and len([t for s in stopped for i, t in s if i == 0]) < 12
+
+
+def test_the_loop_stops_each_row_at_its_end_of_document_then_all():
+    scripted = {0: [1, 9, 5], 1: [2, 3, 4, 5], 2: [9]}
+    seen = []
+
+    def forward(step: loop.Step) -> np.ndarray:
+        seen.append(step.active.tolist())
+        return np.zeros((4, 16))
+
+    def pick_row(i, logits):
+        return scripted[i].pop(0)
+
+    out = list(loop.run([np.array([7])] * 3, forward, 4, 4, 4, pick_row, eot=9))
+    assert out == [[(0, 1), (1, 2), (2, 9)], [(0, 9), (1, 3)], [(1, 4)], [(1, 5)]]
+    assert seen[0] == [True, True, True, False] and seen[2] == [False, True, False, False]
+    everyone = {0: [9], 1: [9]}
+    done = list(loop.run([np.array([7])] * 2, forward, 4, 5, 2, lambda i, x: everyone[i][0], 9))
+    assert done == [[(0, 9), (1, 9)]]  # all stopped: no more steps
+
+
+def test_the_windowing_policy():
+    """The window of n tokens: all of them up to the context; then it restarts at the last
+    context // 2 and grows back to the context, one token per step."""
+    for context in (1, 2, 5, 16):
+        keep = loop.restart_keep(context)
+        lengths = [n - loop.window_start(n, context) for n in range(1, 200)]
+        assert lengths[:context] == list(range(1, context + 1))
+        for before, after in zip(lengths[context - 1 :], lengths[context:]):
+            assert after == (keep if before == context else before + 1), (context, lengths)
+    assert loop.window_start(17, 16) == 9 and loop.window_start(25, 16) == 9
+    assert loop.window_start(26, 16) == 18
+
+
+def test_pick_top_p_keeps_the_fewest_most_likely_tokens_that_reach_p():
+    logits = np.log([0.5, 0.3, 0.2, 0.0 + 1e-12])
+    rng = np.random.default_rng(0)
+    for p, allowed in ((0.45, {0}), (0.55, {0, 1}), (0.79, {0, 1}), (0.85, {0, 1, 2})):
+        assert {generate.pick(logits, 1.0, None, rng, top_p=p) for _ in range(200)} == allowed
+    plain = [generate.pick(logits, 1.0, None, np.random.default_rng(1)) for _ in range(50)]
+    full = [
+        generate.pick(logits, 1.0, None, np.random.default_rng(1), top_p=1.0) for _ in range(50)
+    ]
+    assert plain == full
+
+
+def test_write_prints_blocks_for_several_prompts_and_tokens_per_second(one):
+    out, err = io.StringIO(), io.StringIO()
+    generate.write(one, PROMPTS[:2], greedy(5), out, err)
+    expected = texts(one, PROMPTS[:2], greedy(5))
+    assert out.getvalue() == (
+        f"==> prompt 1: 'ROMEO:' <==\n{expected[0]}\n\n==> prompt 2: 'O' <==\n{expected[1]}\n"
+    )
+    line = err.getvalue()
+    assert line.startswith("tokens/s: ") and "10 new tokens" in line and "KV cache" in line
+    out, err = io.StringIO(), io.StringIO()
+    generate.write(one, PROMPTS[:1], greedy(5, cache=False), out, err)
+    assert out.getvalue() == expected[0] + "\n" and "without a cache" in err.getvalue()
+
+
+def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypatch):
+    calls = []
+
+    class Stub:
+        def __init__(self, path, mesh=None, devices=None):
+            calls.append((path, mesh))
+
+    monkeypatch.setattr(generate, "Generator", Stub)
+    monkeypatch.setattr(
+        generate, "write", lambda g, prompts, s, out, err: calls.append((prompts, s))
+    )
+    r = run_cli("generate", "R", "--prompt", "a", "--prompt", "b", "--top-p", ".5", "--no-cache")
+    assert r.code == 0, r.err
+    assert calls[0] == ("R", None) and calls[1][0] == [b"a", b"b"]
+    assert calls[1][1] == generate.Settings(200, 1.0, None, 0.5, 0, cache=False)
+    (tmp_path / "p.txt").write_bytes(b"one\r\n\n  \ntwo \xff\n")
+    assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt").code == 0
+    assert calls[-1][0] == [b"one", b"two \xff"] and calls[-1][1].cache

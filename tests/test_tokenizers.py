@@ -1,0 +1,145 @@
+"""Tokenizers (dtcli.data.tokenizer): a BPE trained on tiny Shakespeare round-trips the corpus;
+a tokenizer.json in GPT-2's format gives the ids `tokenizers` gives; bytes saved as a
+tokenizer.json keep the byte values; text in pieces encodes as the whole; the model's
+vocabulary is rounded up and generate never picks a padding id. No TensorFlow."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from dtcli.data import tokenizer as T
+
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+# Text whose pre-tokens meet every kind of line boundary: blank lines, trailing spaces,
+# indentation, words across lines, characters of 2 to 4 UTF-8 bytes.
+MIXED = "".join(
+    f"Line {i}: naïve café über  {'∑' * (i % 3)} 😀\n"
+    + ("\n" if i % 5 == 0 else "")
+    + ("   indented\n" if i % 7 == 0 else "")
+    + ("trailing   \n" if i % 4 == 0 else "")
+    for i in range(400)
+).encode()
+
+
+@pytest.fixture(scope="module")
+def shakespeare() -> bytes:
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"tiny Shakespeare not available at {SHAKESPEARE} (a fresh clone has none)")
+    return SHAKESPEARE.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_bpe_trained_on_shakespeare_round_trips_the_whole_corpus_byte_for_byte(shakespeare):
+    train = shakespeare[: int(len(shakespeare) * 0.9)].decode()
+    bpe = T.train_bpe(T.line_pieces([train]), 1024)
+    again = T.train_bpe(T.line_pieces([train]), 1024)
+    assert bpe.to_json() == again.to_json()  # deterministic: a run can train it again
+    assert bpe.vocab_size == 1024 and bpe.eot == bpe.tok.token_to_id(T.EOT_TOKEN) == 0
+    ids = bpe.encode(shakespeare)
+    assert ids.dtype == np.uint16 and ids.max() < 1024
+    assert bpe.decode(ids) == shakespeare
+    assert bpe.target_bytes(ids) == len(shakespeare)  # the pieces are the text's bytes
+    assert 2.2 < len(shakespeare) / len(ids) < 2.7  # merges learned: ~2.4 bytes a token
+    # Encoded in pieces (of 64 KiB), the ids are the whole text's.
+    whole = bpe.tok.encode(shakespeare.decode(), add_special_tokens=False).ids
+    assert np.array_equal(ids, whole)
+
+
+def test_text_in_pieces_encodes_as_the_whole(monkeypatch):
+    monkeypatch.setattr(T, "PIECE_CHARS", 300)
+    monkeypatch.setattr(T, "PIECES", 3)
+    text = MIXED.decode()
+    pieces = list(T.line_pieces([text[:5000], text[5000:]]))
+    assert "".join(pieces) == text and len(pieces) > 20
+    assert all(p[-1] == "\n" and not p[-2].isspace() for p in pieces[:-1])
+    bpe = T.train_bpe([text], 400)
+    assert np.array_equal(bpe.encode(MIXED), bpe.tok.encode(text, add_special_tokens=False).ids)
+    assert bpe.decode(bpe.encode(MIXED)) == MIXED
+
+
+def gpt2_tokenizer_json(folder) -> tuple:
+    """A tokenizer.json as `tokenizers` writes it for GPT-2's vocabulary format (vocab.json +
+    merges.txt in GPT-2's byte alphabet, 'Ġ' for a space, <|endoftext|> last), on a small
+    vocabulary made here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    chars = T.bytes_to_unicode()
+    vocab = {chars[b]: i for i, b in enumerate(sorted(chars, key=lambda b: ord(chars[b])))}
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "Ġ s", "e r", "o u", "Ġa n", "Ġan d"]
+    for merge in merges:
+        vocab["".join(merge.split())] = len(vocab)
+    vocab[T.EOT_TOKEN] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    tok = Tokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([T.EOT_TOKEN])
+    tok.save(str(folder / "tokenizer.json"))
+    return tok, vocab
+
+
+def test_a_gpt2_format_tokenizer_json_gives_the_ids_tokenizers_gives(tmp_path):
+    from dtcli import data as D
+    from dtcli import recipe as R
+
+    hf, vocab = gpt2_tokenizer_json(tmp_path)
+    tok = T.load(str(tmp_path / "tokenizer.json"), "--tokenizer")
+    assert tok.vocab_size == len(vocab) == 267 and tok.eot == vocab[T.EOT_TOKEN]
+    ids = tok.encode(MIXED)
+    assert list(ids) == hf.encode(MIXED.decode(), add_special_tokens=False).ids
+    assert list(tok.encode(b" and the")) == [vocab["Ġand"], vocab["Ġthe"]]  # GPT-2's merges
+    assert tok.decode(ids) == MIXED and tok.target_bytes(ids) == len(MIXED)
+    # a folder holding it (a hub model's, a run's) is the same tokenizer
+    assert T.load(str(tmp_path), "x").to_json() == tok.to_json()
+    # as data.tokenizer: the windows are its ids, the model's vocabulary rounded up to 64s
+    (tmp_path / "corpus.txt").write_bytes(MIXED)
+    cfg = R.DataConfig(
+        source="text", path=str(tmp_path / "corpus.txt"), context=8, tokenizer=str(tmp_path)
+    )
+    ds = D.load(cfg)
+    assert ds.num_classes == 320 == D.describe(cfg)[1]
+    cut = int(len(MIXED) * 0.9)
+    while MIXED[cut] & 0xC0 == 0x80:  # the cut moves to a character's first byte
+        cut += 1
+    train_ids = hf.encode(MIXED[:cut].decode(), add_special_tokens=False).ids
+    assert list(ds.train.tokens) == train_ids
+    assert np.array_equal(ds.train.x[3], train_ids[3:11])
+    eval_targets = ds.eval.y.reshape(-1)
+    assert ds.eval.target_bytes == len(tok.decode(eval_targets)) < len(MIXED) - cut
+
+
+def test_bytes_save_as_a_tokenizer_json_whose_ids_are_the_byte_values():
+    from tokenizers import Tokenizer
+
+    raw = bytes(range(256)) + MIXED[:300]
+    saved = T.ByteTokenizer().to_json()
+    hf = Tokenizer.from_str(saved)
+    text = MIXED[:300].decode()
+    assert hf.encode(text).ids == list(text.encode())
+    assert isinstance(T.from_json(saved, "x"), T.ByteTokenizer)  # read back as bytes
+    byte = T.ByteTokenizer()
+    assert byte.decode(byte.encode(raw)) == raw  # any byte, UTF-8 or not
+    assert byte.target_bytes(byte.encode(raw)) == len(raw)
+    # prepare-text's end-of-document token comes after the 256 bytes
+    with_eot = T.with_eot(byte)
+    assert (with_eot.vocab_size, with_eot.eot) == (257, 256)
+    assert list(with_eot.encode(b"ab\xc3\xa9")) == [97, 98, 0xC3, 0xA9]
+    assert with_eot.pieces()[256] == b"" and with_eot.pieces()[0xC3] == b"\xc3"
+
+
+def test_the_models_vocabulary_is_rounded_up_and_generate_never_picks_past_the_tokenizer():
+    from dtcli import generate
+
+    assert [T.model_vocab(n) for n in (256, 257, 1024, 50257)] == [256, 320, 1024, 50304]
+    logits = np.zeros(320)
+    logits[300:] = 50.0  # the padding ids the most likely: they never came up in training
+    rng = np.random.default_rng(0)
+    assert generate.pick(logits, 0.0, None, rng, vocab=300) < 300
+    draws = {generate.pick(logits, 1.0, None, rng, vocab=300) for _ in range(300)}
+    assert max(draws) < 300 and len(draws) > 100
+    assert generate.pick(logits, 1.0, 5, rng, vocab=300) < 300

@@ -1,0 +1,232 @@
+"""Token shards: `prepare-text` writes fixed-size shards of token ids, an index and the
+end-of-document token between documents; source tokens streams windows of them in an order
+that is a pure function of (seed, epoch), client groups read disjoint shards, a run resumed
+mid-epoch ends equal, and a run keeps the shards' tokenizer (generate needs no shards)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import RECIPES, dtcli
+
+from dtcli import data as D
+from dtcli import recipe as R
+from dtcli.data import prepare, tokens
+
+CONTEXT = 16
+WORDS = "the of and to in is was that for on with as by at from his her they thou art".split()
+# 1 block 16 wide: the GPT compiles in seconds.
+TINY = [
+    "model.transformer={layers: 1, d_model: 16, heads: 2, mlp_ratio: 2, context: 16}",
+    "data.batch_size=8",
+    "data.eval_batch_size=8",
+    "train.steps_per_call=4",
+    "optimizer.warmup_steps=2",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """3 files (3 documents) of seeded random lines, 44 KB."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        lines = (" ".join(rng.choice(WORDS, rng.integers(3, 12))) for _ in range(600))
+        (folder / name).write_text("\n".join(lines).capitalize() + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shards(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards") / "tok"
+    index = prepare.prepare_text(str(corpus / "*.txt"), "bpe:300", out, shard_tokens=1000)
+    return out, index
+
+
+def ids_of(folder, split, index) -> list[np.ndarray]:
+    return [
+        np.fromfile(folder / name, index["dtype"]) for name, _ in index["splits"][split]["shards"]
+    ]
+
+
+def test_prepare_text_writes_fixed_size_shards_and_ends_documents(corpus, shards):
+    out, index = shards
+    tok = tokens.shards_tokenizer(str(out))
+    assert index["dtype"] == "uint16" and index["eot"] == tok.eot == 0
+    texts = [(corpus / n).read_bytes() for n in ("a.txt", "b.txt", "c.txt")]
+    for split in ("train", "eval"):
+        sizes = [n for _, n in index["splits"][split]["shards"]]
+        assert all(n == 1000 for n in sizes[:-1]) and 0 < sizes[-1] <= 1000
+        for (name, n), ids in zip(index["splits"][split]["shards"], ids_of(out, split, index)):
+            assert len(ids) == n and (out / name).stat().st_size == 2 * n
+    train = np.concatenate(ids_of(out, "train", index))
+    evaluate = np.concatenate(ids_of(out, "eval", index))
+    # a.txt, EOT, b.txt, EOT, c.txt's head | c.txt's tail, cut at a line's end
+    na, nb = len(tok.encode(texts[0])), len(tok.encode(texts[1]))
+    assert list(np.flatnonzero(train == tok.eot)) == [na, na + 1 + nb]
+    np.testing.assert_array_equal(train[:na], tok.encode(texts[0]))
+    head = tok.decode(train)
+    assert head.startswith(texts[0] + texts[1]) and head.endswith(b"\n")
+    assert head + tok.decode(evaluate) == b"".join(texts)
+    assert not (evaluate == 0).any()
+    total = sum(map(len, texts))
+    info = index["splits"]
+    assert info["train"]["bytes"] + info["eval"]["bytes"] == total
+    assert info["eval"]["bytes"] == pytest.approx(total * 0.1, abs=200)
+    assert info["train"]["documents"] == 3 and info["eval"]["documents"] == 1
+
+
+def windows(ds) -> list[tuple[np.ndarray, np.ndarray]]:
+    return list(ds.as_numpy_iterator())
+
+
+def test_windows_are_the_shards_tokens_in_a_seeded_order(cpu8, shards):
+    out, index = shards
+    cfg = R.DataConfig(source="tokens", path=str(out), context=CONTEXT)
+    ds = D.load(cfg)
+    assert ds.num_classes == 320 and ds.tokenizer.vocab_size == 300
+    # evaluation: in order, every CONTEXT tokens from each shard's start
+    held = ids_of(out, "eval", index)
+    got = windows(D.examples(ds.eval, 0, 0, False, 0, 1))
+    assert len(got) == len(ds.eval) == sum(len(h) // CONTEXT - 1 for h in held)
+    np.testing.assert_array_equal(got[1][0], held[0][16:32])
+    np.testing.assert_array_equal(got[1][1], held[0][17:33])
+    targets = np.concatenate([h[1 : 1 + (len(h) // CONTEXT - 1) * CONTEXT] for h in held])
+    assert ds.eval.target_bytes == ds.tokenizer.target_bytes(targets)
+    # training: the same order for the same (seed, epoch), another for the next epoch
+    epoch0 = windows(D.examples(ds.train, 7, 0, True, 0, 1))
+    assert len(epoch0) == len(ds.train)
+    again = windows(D.examples(ds.train, 7, 0, True, 0, 1))
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(epoch0, again))
+    epoch1 = windows(D.examples(ds.train, 7, 1, True, 0, 1))
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(epoch0, epoch1))
+    # each window is CONTEXT + 1 consecutive tokens of one shard
+    raw = [s.tobytes() for s in ids_of(out, "train", index)]
+    for x, y in epoch0[:50]:
+        np.testing.assert_array_equal(x[1:], y[:-1])
+        window = np.concatenate([x, y[-1:]]).astype(np.uint16).tobytes()
+        assert any(_aligned_find(r, window) for r in raw)
+
+
+def _aligned_find(haystack: bytes, needle: bytes) -> bool:
+    at = haystack.find(needle)
+    while at >= 0 and at % 2:
+        at = haystack.find(needle, at + 1)
+    return at >= 0
+
+
+def _keys(pairs) -> Counter:
+    return Counter(x.tobytes() + y[-1:].tobytes() for x, y in pairs)
+
+
+@pytest.mark.parametrize("split, groups", [("train", 2), ("eval", 3)])
+def test_client_groups_read_disjoint_shares_that_make_the_epoch(cpu8, shards, split, groups):
+    """14 training shards dealt to 2 groups (disjoint files); 2 evaluation shards for 3
+    groups: too few, every group reads the same order and keeps its n-th window."""
+    out, _ = shards
+    stream = getattr(D.load(R.DataConfig(source="tokens", path=str(out), context=CONTEXT)), split)
+    shuffle = split == "train"
+    whole = _keys(windows(D.examples(stream, 3, 0, shuffle, 0, 1)))
+    shares = [_keys(windows(D.examples(stream, 3, 0, shuffle, g, groups))) for g in range(groups)]
+    assert sum(shares, Counter()) == whole
+    assert all(not (a & b) for i, a in enumerate(shares) for b in shares[i + 1 :])
+    assert [sum(s.values()) for s in shares] == D.share_counts(stream, groups)
+
+
+def gpt_recipe(folder, *sets):
+    return R.load(
+        RECIPES / "tiny_gpt.yaml",
+        R.Overrides(
+            ("data.source=tokens", f"data.path={folder}", *TINY, *sets),
+            mesh="batch=1",
+            devices="cpu:8",
+        ),
+    )
+
+
+def test_a_run_resumed_mid_epoch_on_token_shards_ends_equal(cpu8, shards, tmp_path):
+    """Stretches of 6 steps: after the first call of the second (4 steps) a checkpoint is saved
+    and the run goes on to step 12; a new session restored from it and finishing the stretch
+    (skipping the 4 batches it trained, in the same order) ends with the same weights."""
+    from dtcli import checkpoint as ckpt_lib
+    from dtcli import models
+    from dtcli import session as T
+    from dtcli import steps as steps_lib
+
+    recipe = gpt_recipe(shards[0], "train.steps=12", "train.eval_every=6")
+    whole = T.prepare(recipe, use_devices=1)
+    call = steps_lib.make_steps(whole)[0]
+    T.run_epoch(whole, call, T.EpochState(0))
+    saver = ckpt_lib.Checkpointer(tmp_path, whole.checkpoint_objects(), keep=1)
+    saved = []
+
+    def save_once() -> None:
+        if not saved:
+            saved.append(saver.save(int(whole.optimizer.iterations.numpy()), {"step": 10}))
+
+    T.run_epoch(whole, call, T.EpochState(1), trained=save_once)
+    assert int(whole.optimizer.iterations.numpy()) == 12
+
+    resumed = T.prepare(recipe, use_devices=1)
+    ckpt_lib.Checkpointer(tmp_path, resumed.checkpoint_objects(), keep=1).restore(saved[0])
+    assert int(resumed.optimizer.iterations.numpy()) == 10
+    T.run_epoch(resumed, steps_lib.make_steps(resumed)[0], T.EpochState(1, batch=4))
+    assert int(resumed.optimizer.iterations.numpy()) == 12
+    reference = models.host_weights(whole.model, whole.mesh)
+    for path, value in models.host_weights(resumed.model, resumed.mesh).items():
+        np.testing.assert_allclose(value, reference[path], rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+@pytest.mark.slow
+def test_a_run_from_shards_keeps_their_tokenizer_and_generates_without_them(cpu8, shards, tmp_path):
+    """Trained in a fresh process on one device (this one has 8: a mesh of 8 compiles 8
+    copies); generated here on one of its 8."""
+    from dtcli import generate
+
+    folder = tmp_path / "tok"
+    shutil.copytree(shards[0], folder)
+    out = tmp_path / "run"
+    sets = [x for s in TINY for x in ("--set", s)]
+    proc = dtcli(
+        "train", RECIPES / "tiny_gpt.yaml", "--set", "data.source=tokens",
+        "--set", f"data.path={folder}", *sets, "--set", "train.steps=4", "--out", out,
+        "--no-progress",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    # bits per byte: the nats of every eval token over the text bytes they cover
+    stream = D.load(R.DataConfig(source="tokens", path=str(folder), context=CONTEXT)).eval
+    nats = record["eval_loss"] * record["eval_tokens"]
+    assert record["eval_bpb"] == pytest.approx(nats / math.log(2) / stream.target_bytes)
+    assert record["eval_bpb"] < record["eval_loss"] / math.log(2)  # > 1 byte a token
+    assert (out / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+    shutil.rmtree(folder)
+    text = generate.stream(out, "the", 6, temperature=0, devices="cpu:8", use_devices=1)
+    assert "".join(text).strip()
+
+
+@pytest.mark.slow
+def test_two_clients_train_on_disjoint_token_shards(shards, tmp_path):
+    """14 training shards on 2 clients (7 each): one epoch counts every window once,
+    in as many steps as the larger share needs."""
+    out = tmp_path / "run"
+    folder, index = shards
+    sets = [x for s in TINY for x in ("--set", s)]
+    proc = dtcli(
+        "launch", "--clients", "2", "--devices-per-client", "cpu:1", RECIPES / "tiny_gpt.yaml",
+        "--mesh", "batch=2", "--set", "data.source=tokens", "--set", f"data.path={folder}",
+        *sets, "--set", "train.steps=null", "--set", "train.eval_every=null",
+        "--set", "optimizer.schedule=constant", "--epochs", "1", "--out", out, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    counts = [tokens.train_windows(n, CONTEXT) for _, n in index["splits"]["train"]["shards"]]
+    shares = [sum(counts[0::2]), sum(counts[1::2])]
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["train_tokens"] == sum(counts) * CONTEXT
+    assert record["step"] == max(-(-n // 4) for n in shares)  # 4 rows of 8 per client
+    assert "eval_bpb" in record
