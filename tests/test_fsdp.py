@@ -10,29 +10,18 @@ import math
 
 import numpy as np
 import pytest
+import test_language_model
 from conftest import ROOT, run_cli
 
 from dtcli.errors import UsageError
 from dtcli.layout import WeightInfo, WeightPlan, apply_fsdp, check_fsdp_layers
+from dtcli.recipe import read_raw
 
 U = "unsharded"
-# A GPT that holds every kind of weight, shrunk (tests/test_language_model.py's TINY).
-TINY = [
-    "model.transformer={layers: 1, d_model: 32, heads: 8, mlp_ratio: 2, context: 16}",
-    "data.batch_size=8",
-    "data.eval_batch_size=8",
-    "train.steps_per_call=10",
-    "optimizer.warmup_steps=5",
-    "optimizer.min_learning_rate=1e-4",
-]
+# A GPT that holds every kind of weight, shrunk, as tests/test_language_model.py trains it.
+TINY = test_language_model.TINY
 # recipes/tiny_gpt_tensor_parallel.yaml's Megatron rules
-TP_RULES = {
-    r"(token|position)_embedding\.embeddings": [U, "model"],
-    r"block_\d+\.attention\.(query|key|value)\.kernel": [U, "model", U],
-    r"block_\d+\.attention\.proj\.kernel": ["model", U, U],
-    r"block_\d+\.mlp\.fc\.kernel": [U, "model"],
-    r"block_\d+\.mlp\.proj\.kernel": ["model", U],
-}
+TP_RULES = read_raw(ROOT / "recipes" / "tiny_gpt_tensor_parallel.yaml")["layouts"]["rules"]
 FSDP = ["layouts.fsdp=true", "layouts.rules={}"]
 FSDP_TP = ["layouts.fsdp=true", "layouts.rules=" + json.dumps(TP_RULES)]
 # recipes/gpt_fsdp_tp.yaml (FSDP x TP by its own rules) with tiny_gpt.yaml's optimizer, in
