@@ -49,6 +49,20 @@ def data_shards(axes: dict[str, int], data_axis: str) -> int:
     return 1 if data_axis == UNSHARDED else axes[data_axis]
 
 
+def compiles_with_xla(setting: str, axes: dict[str, int], clients: int = 1) -> bool:
+    """Whether the steps compile with XLA on plain variables (train.compile `setting`): only a
+    mesh of one device in one process, where no SPMD is needed. DTensor's `jit_compile` compiles
+    nothing and its XLA SPMD is TPU-only (DTENSOR_NOTES), so a bigger mesh stays on DTensor."""
+    one = math.prod(axes.values()) == 1 and clients == 1
+    if setting == "xla" and not one:
+        raise UsageError(
+            f"recipe key 'train.compile': xla compiles a mesh of one device in one process, not "
+            f"mesh {mesh_text(axes)}{f' over {clients} clients' if clients > 1 else ''} (use auto "
+            "or dtensor)"
+        )
+    return setting == "xla" or (setting == "auto" and one)
+
+
 def check_batch(axes: dict[str, int], data_axis: str, batch_size: int, key: str) -> None:
     shards = data_shards(axes, data_axis)
     if batch_size % shards:

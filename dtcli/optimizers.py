@@ -76,12 +76,20 @@ class KerasOptimizer:
     """tf_keras.dtensor.experimental.optimizers, always given `mesh=` (without, they run wrong)."""
 
     def __init__(self, cfg: OptimizerConfig, mesh: Any):
-        from tf_keras.dtensor.experimental import optimizers
+        """`mesh` None (an XLA run): tf-keras' own optimizers on plain variables, the classes
+        the DTensor ones derive from (same update, same checkpoint keys)."""
+        if mesh is None:
+            from tf_keras import optimizers
 
+            on_mesh: dict[str, Any] = {}
+        else:
+            from tf_keras.dtensor.experimental import optimizers
+
+            on_mesh = {"mesh": mesh}
         self.cfg = cfg
         if cfg.name == "sgd":
             self.impl = optimizers.SGD(
-                learning_rate=cfg.learning_rate, momentum=cfg.momentum, mesh=mesh
+                learning_rate=cfg.learning_rate, momentum=cfg.momentum, **on_mesh
             )
         elif cfg.name == "adam":
             self.impl = optimizers.Adam(
@@ -89,7 +97,7 @@ class KerasOptimizer:
                 beta_1=cfg.beta_1,
                 beta_2=cfg.beta_2,
                 epsilon=cfg.epsilon,
-                mesh=mesh,
+                **on_mesh,
             )
         else:
             self.impl = optimizers.AdamW(
@@ -98,7 +106,7 @@ class KerasOptimizer:
                 beta_1=cfg.beta_1,
                 beta_2=cfg.beta_2,
                 epsilon=cfg.epsilon,
-                mesh=mesh,
+                **on_mesh,
             )
 
     @property
@@ -138,15 +146,15 @@ class CoreOptimizer:
         from tensorflow.experimental import dtensor
 
         self.cfg = cfg
-        self.mesh = mesh
+        self.mesh = mesh  # None: plain variables (an XLA run)
         self.module = tf.Module(name="optimizer")
-        self.module.iterations = dtensor.DVariable(
-            dtensor.call_with_layout(
+        if mesh is None:
+            zero = tf.zeros((), tf.int64)
+        else:
+            zero = dtensor.call_with_layout(
                 tf.zeros, dtensor.Layout.replicated(mesh, 0), shape=(), dtype=tf.int64
-            ),
-            name="iterations",
-            trainable=False,
-        )
+            )
+        self.module.iterations = _variable(zero, "iterations", mesh)
         self.module.slots = {}
         self.no_decay: set[int] = set()
 
@@ -165,11 +173,11 @@ class CoreOptimizer:
         for i, var in enumerate(variables):
             for name in names:
                 key = f"v{i}_{name}"
-                self.module.slots[key] = dtensor.DVariable(
-                    dtensor.call_with_layout(tf.zeros, var.layout, shape=var.shape),
-                    trainable=False,
-                    name=key,
-                )
+                if self.mesh is None:
+                    zeros = tf.zeros(var.shape)
+                else:
+                    zeros = dtensor.call_with_layout(tf.zeros, var.layout, shape=var.shape)
+                self.module.slots[key] = _variable(zeros, key, self.mesh)
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
         """Core hyperparameters are this process's recipe values; a checkpoint holds none."""
@@ -203,6 +211,15 @@ class CoreOptimizer:
     @property
     def trackable(self) -> Any:
         return self.module
+
+
+def _variable(value: Any, name: str, mesh: Any) -> Any:
+    """An optimizer state variable: a DVariable on a mesh, a plain one without (mesh None)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    kind = tf.Variable if mesh is None else dtensor.DVariable
+    return kind(value, name=name, trainable=False)
 
 
 def make(api: str, cfg: OptimizerConfig, mesh: Any) -> KerasOptimizer | CoreOptimizer:

@@ -368,3 +368,36 @@ class Packer:
                 f"packing bug: the batch on mesh {self.mesh} is not the host batch "
                 f"(data axis {self.data_axis!r})"
             )
+
+
+class PlainPacker(Packer):
+    """The Packer of an XLA run (train.compile): one device of one process, no mesh. Batches
+    go to the device as plain tensors; there is one data shard and nothing to lay out."""
+
+    def __init__(self) -> None:
+        self.mesh = None
+        self.data_axis = UNSHARDED
+        self.shards = 1
+        self.shard_of_device = [0]
+        self.local_shards = [0]
+        self._position = {0: 0}
+        self._verified = True  # a plain tensor is the host array; nothing to check
+
+    def layout(self, rank: int, batch_dim: int = 0) -> Any:
+        return None
+
+    def pack(self, array: np.ndarray, batch_dim: int = 0) -> Any:
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(array)
+
+    def flags(self, values: list[bool]) -> Any:
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(np.asarray(values, bool))
+
+    def notices(self, flag: bool) -> Any:
+        raise RuntimeError("an XLA run has one client: there are no notices to agree on")
+
+    def place(self, array: np.ndarray) -> Any:
+        return self.pack(array)

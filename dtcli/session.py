@@ -28,10 +28,10 @@ from dtcli.steps import (
     PER_STEP,
     epoch_steps,
     make_steps,
-    resume_position,
     steps_per_call,
     train_block,
 )
+from dtcli.stretches import resume_position
 
 __all__ = [
     "EpochState",
@@ -69,6 +69,16 @@ class Session:
     # Whether the train step has run in this process (its first call traces and compiles it).
     compiled: bool = False
 
+    @property
+    def local_device_count(self) -> int:
+        """The devices this process computes on: the mesh's local ones (XLA: the one)."""
+        return 1 if self.mesh is None else self.mesh.num_local_devices()
+
+    @property
+    def xla(self) -> bool:
+        """Whether the steps compile with XLA on plain variables (train.compile; `mesh` None)."""
+        return self.mesh is None
+
     def checkpoint_objects(self) -> dict[str, Any]:
         return {"model": self.model.module, "optimizer": self.optimizer.trackable}
 
@@ -105,12 +115,20 @@ def prepare(
     if "train" in splits:
         data_lib.check_batch_fits(recipe.data, dataset)
     plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
-    mesh = mesh_lib.build_mesh(
-        axes, devices.device_type, distributed=cluster is not None, count=use_devices
+    # Generation (no splits) runs its own forward passes on a DTensor mesh.
+    xla = bool(splits) and mesh_lib.compiles_with_xla(
+        recipe.train.compile, axes, 1 if cluster is None else cluster.num_clients
     )
+    mesh = None  # XLA: plain variables on the one device, no mesh
+    if not xla:
+        mesh = mesh_lib.build_mesh(
+            axes, devices.device_type, distributed=cluster is not None, count=use_devices
+        )
     built, optimizer = _model_on_mesh(recipe, dataset, mesh, plans, initial)
     resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
-    packer = pipeline_lib.Packer(mesh, recipe.layouts.data_axis)
+    packer = (
+        pipeline_lib.Packer(mesh, recipe.layouts.data_axis) if mesh else pipeline_lib.PlainPacker()
+    )
     if "train" in splits:
         _check_steps_per_epoch(recipe, dataset)
     placed = None
@@ -146,8 +164,8 @@ def _check_batches(recipe: Recipe, axes: dict[str, int]) -> None:
 def _model_on_mesh(
     recipe: Recipe, dataset: data_lib.Dataset, mesh: Any, plans: list, initial: dict
 ) -> tuple[models.Built, Any]:
-    """The model built on the mesh, and its optimizer with its slots made (a restore fills
-    them)."""
+    """The model built on the mesh (None: plain variables on the one device), and its
+    optimizer with its slots made (a restore fills them)."""
     built = models.build(recipe, dataset.input_shape, dataset.num_classes, mesh, plans, initial)
     optimizer = optimizers.make(built.api, recipe.optimizer, mesh)
     trainable = {id(v) for v in built.trainable_variables}
@@ -282,7 +300,7 @@ def resume_state(train: recipe_lib.TrainConfig, step: int, saved: dict[str, Any]
     """Where a run resumed from a checkpoint at global step `step` goes on; `saved`: the
     checkpoint's epoch_state. Its sums so far count only where the checkpoint's epoch is the
     one the run goes on in (a train.steps run resumed with another eval_every starts afresh in
-    the stretch that holds `step`, see steps.resume_position)."""
+    the stretch that holds `step`, see stretches.resume_position)."""
     state = EpochState(**saved)
     epoch, batch = resume_position(train, step, state.epoch, state.batch)
     if (epoch, batch) == (state.epoch, state.batch):

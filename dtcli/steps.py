@@ -10,11 +10,15 @@ as the whole batch in one.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from dtcli import models, optimizers
 from dtcli import pipeline as pipeline_lib
-from dtcli.recipe import OptimizerConfig, Recipe, TrainConfig
+from dtcli.errors import UsageError, one_line
+from dtcli.recipe import OptimizerConfig, Recipe
+from dtcli.stretches import stretch_steps
 
 
 class Engine(Protocol):
@@ -101,9 +105,13 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     # (measured on the quick start: the K-step call compiles in about 3.8 s instead of 5.5).
     # A user's own model (`model.build`) may branch on tensors in Python: AutoGraph stays on.
     autograph = model.needs_autograph
+    # A one-device run (session.xla) compiles both with XLA: the K steps, the optimizer and
+    # the loss become a few fused kernels instead of thousands of op launches (see
+    # bench/nanogpt.py). DTensor's own jit_compile compiles nothing (DTENSOR_NOTES).
+    xla = session.packer.mesh is None
     return (
-        tf.function(train_call, autograph=autograph),
-        tf.function(eval_step, autograph=autograph),
+        tf.function(train_call, autograph=autograph, jit_compile=xla or None),
+        tf.function(eval_step, autograph=autograph, jit_compile=xla or None),
     )
 
 
@@ -240,7 +248,9 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
                 part, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
             )
             # A loop variable keeps one layout through the loop: the variable's, as its zeros.
-            grads = [dtensor.relayout(g, v.layout) for g, v in zip(_dense(grads), variables)]
+            grads = _dense(grads)
+            if session.packer.mesh is not None:
+                grads = [dtensor.relayout(g, v.layout) for g, v in zip(grads, variables)]
             return (
                 j + 1,
                 loss + part,
@@ -303,13 +313,21 @@ def _sums(logits: Any, y: Any, mask: Any, language_model: bool) -> dict[str, Any
 def _pick(packer: pipeline_lib.Packer, block: Any, i: Any) -> Any:
     """Batch `i` of a block [K, batch, ...] on the mesh, with the step's batch layout."""
     import tensorflow as tf
-    from tensorflow.experimental import dtensor
 
     # tf.gather, not block[i]: DTensor gives a strided slice with a dynamic index the
     # layout of its input shifted by one dim (measured: a rank-5 block trains on scrambled
     # rows with no error; MaxPool refuses "unsharded,batch,..."). The relayout states the
     # step's batch layout (a no-op when it is already right).
-    return dtensor.relayout(tf.gather(block, i), packer.layout(len(block.shape) - 1))
+    return _on_batch_layout(packer, tf.gather(block, i))
+
+
+def _on_batch_layout(packer: pipeline_lib.Packer, tensor: Any) -> Any:
+    """`tensor` with the batch layout of its rank (as it is in an XLA run: no mesh)."""
+    from tensorflow.experimental import dtensor
+
+    if packer.mesh is None:
+        return tensor
+    return dtensor.relayout(tensor, packer.layout(len(tensor.shape)))
 
 
 def _batch_at(
@@ -318,7 +336,6 @@ def _batch_at(
     """(x, y, mask) of step `i` of a block: from the block's batches, or gathered from the
     split placed on the devices (`placed`) at the block's positions."""
     import tensorflow as tf
-    from tensorflow.experimental import dtensor
 
     if placed is None:
         xs, ys = inputs
@@ -327,11 +344,7 @@ def _batch_at(
     (index,) = inputs
     rows = _pick(packer, index, i)
     x, y = (tf.gather(t, rows) for t in placed)
-    return (
-        dtensor.relayout(x, packer.layout(len(x.shape))),
-        dtensor.relayout(y, packer.layout(1)),
-        _pick(packer, masks, i),
-    )
+    return _on_batch_layout(packer, x), _on_batch_layout(packer, y), _pick(packer, masks, i)
 
 
 def steps_per_call(session: Engine) -> int:
@@ -351,10 +364,11 @@ def train_block(
     # (xs, ys, masks), or (positions, masks) of a split placed on the devices.
     *inputs, masks = session.packer.pack_block(batches, session.recipe.train.accumulate)
     runs = session.packer.flags([i < real for i in range(k)])
-    if session.cluster is None:
-        out = train_call(tuple(inputs), masks, runs)
-    else:
-        out = train_call(tuple(inputs), masks, runs, session.packer.notices(bool(notice)))
+    with xla_refusal(session):
+        if session.cluster is None:
+            out = train_call(tuple(inputs), masks, runs)
+        else:
+            out = train_call(tuple(inputs), masks, runs, session.packer.notices(bool(notice)))
     result = {
         **{name: out[name].numpy()[:real] for name in PER_STEP if name in out},
         "applied": int(out["applied"].numpy()),
@@ -364,44 +378,25 @@ def train_block(
     return result
 
 
+@contextlib.contextmanager
+def xla_refusal(session: Engine) -> Iterator[None]:
+    """A model XLA cannot compile (an op it has no kernel for, in a `model.build` model) fails
+    the first call of an XLA run: one line naming train.compile and the way around it."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+        text = str(exc)
+        if session.packer.mesh is not None or not ("XLA" in text or "unsupported op" in text):
+            raise
+        raise UsageError(
+            f"recipe key 'train.compile': XLA cannot compile this model ({one_line(exc)}); "
+            "set train.compile=dtensor"
+        ) from None
+
+
 def epoch_steps(session: Engine, epoch: int = 0) -> int:
     """Steps of epoch `epoch`: a pass over the data, or train.steps_per_epoch; a train.steps
     run's last stretch may be shorter."""
     return stretch_steps(session.recipe.train, session.train_feed.steps, epoch)
-
-
-# The step arithmetic below is pure (no TensorFlow, no session): the loop, the resume and
-# tests/test_resume_steps.py share it. A train.steps run is stretches of eval_every steps
-# (recipe._resolve: its epochs), stretch e holding the global steps e*eval_every+1 up to
-# (e+1)*eval_every or train.steps, whichever comes first.
-
-
-def stretch_steps(train: TrainConfig, pass_steps: int, epoch: int) -> int:
-    """Steps of epoch (stretch) `epoch` of a run whose pass over the data is `pass_steps`."""
-    steps = min(pass_steps, train.steps_per_epoch) if train.steps_per_epoch else pass_steps
-    if train.steps is not None:
-        steps = min(steps, train.steps - epoch * steps)
-    return steps
-
-
-def resume_position(train: TrainConfig, step: int, epoch: int, batch: int) -> tuple[int, int]:
-    """(epoch, batch) where a run resumed from a checkpoint at global step `step`, saved at
-    (`epoch`, `batch`), goes on.
-
-    An epochs run: where its checkpoint says. A train.steps run: where `step` (the optimizer's
-    count) falls among the stretches of the eval_every it resumes with, which may differ from
-    the eval_every the checkpoint counted its epoch in. Its data then reads permutation `epoch`
-    from `batch`, as a run trained with this eval_every from its start would have: a pure
-    function of (seed, step, eval_every), though not the order the checkpoint's run would have
-    read next when eval_every changed."""
-    if train.steps is None or not train.steps_per_epoch:
-        return epoch, batch
-    return divmod(step, train.steps_per_epoch)
-
-
-def finished(train: TrainConfig, step: int, epoch: int) -> bool:
-    """Whether a checkpoint at global step `step` (epoch `epoch` done) leaves nothing to train:
-    a train.steps run counts steps, an epochs run epochs."""
-    if train.steps is not None:
-        return step >= train.steps
-    return epoch >= train.epochs

@@ -92,7 +92,7 @@ def test_four_micro_batches_train_as_one_batch(one_batch, mesh, opt):
     (SGD) or 1e-4 (AdamW) of each weight's largest value."""
     want, want_weights = one_batch[mesh, opt]
     s = mlp_session(mesh, opt, 4)
-    assert s.mesh.num_local_devices() == (1 if mesh == "batch=1" else 8)
+    assert s.local_device_count == (1 if mesh == "batch=1" else 8)
     assert s.placed is not None  # the digits fit: positions gathered on the devices
     got = train(s, 20)
     assert int(s.optimizer.iterations.numpy()) == 20

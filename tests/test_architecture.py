@@ -15,7 +15,7 @@ LAYERS: list[set[str]] = [
     {"errors", "storage", "tfruntime", "tables"},
     {"mesh", "devices", "cluster"},
     {"recipe"},
-    {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics"},
+    {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics", "stretches"},
     {"session", "steps", "rundir", "progress", "runlog", "plot", "memory"},
     {"train", "evaluate", "generate", "export", "plan", "doctor", "launch"},
     {"cli", "terminal", "__main__"},

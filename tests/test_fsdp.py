@@ -121,6 +121,8 @@ def local_bytes(variable) -> list[int]:
     """The bytes of each local device's shard of a variable, unpacked from the device."""
     from tensorflow.experimental import dtensor
 
+    if not hasattr(variable, "layout"):  # an XLA run's plain variable, on its one device
+        return [variable.numpy().nbytes]
     return [t.numpy().nbytes for t in dtensor.unpack(variable.read_value())]
 
 
@@ -211,6 +213,8 @@ def gradients(session):
         return tape.gradient(loss, variables)
 
     values = grads(x, y, mask)
+    if session.mesh is None:  # an XLA run's plain variables
+        return [g.numpy() for g in values], grads.get_concrete_function(x, y, mask).graph
     host = [
         dtensor.unpack(dtensor.relayout(g, dtensor.Layout.replicated(session.mesh, g.shape.rank)))[
             0
@@ -273,6 +277,9 @@ def host_state(session) -> dict[str, np.ndarray]:
 
     state = models.host_weights(session.model, session.mesh)
     for i, var in enumerate(optimizer_slots(session)):
+        if session.mesh is None:  # an XLA run's plain variables
+            state[f"slot{i}"] = var.numpy()
+            continue
         full = dtensor.relayout(
             var.read_value(), dtensor.Layout.replicated(session.mesh, var.shape.rank)
         )

@@ -98,7 +98,7 @@ def train_20_steps(
         "losses": losses,
         "axes": s.axes,
         "sharded": sharded,
-        "devices": s.mesh.num_local_devices(),
+        "devices": s.local_device_count,
     }, arrays
 
 

@@ -22,7 +22,7 @@ from conftest import ROOT
 
 from dtcli import recipe as R
 from dtcli import session as session_lib
-from dtcli import steps as steps_lib
+from dtcli import stretches
 from dtcli.train import loop as loop_lib
 
 PASS = 40  # steps in a pass over the fake training data (every eval_every below fits in it)
@@ -34,12 +34,12 @@ def plan_stretches(
     """(first step, last step) of each epoch (stretch) the loop should train from a checkpoint at
     global step `step` saved at (`epoch`, `batch`), each ending at an evaluation: the step
     arithmetic alone, to hold the loop's evaluations against."""
-    if steps_lib.finished(train, step, epoch):
+    if stretches.finished(train, step, epoch):
         return []
-    epoch, batch = steps_lib.resume_position(train, step, epoch, batch)
+    epoch, batch = stretches.resume_position(train, step, epoch, batch)
     out = []
     while epoch < train.epochs:
-        n = steps_lib.stretch_steps(train, pass_steps, epoch) - batch
+        n = stretches.stretch_steps(train, pass_steps, epoch) - batch
         out.append((step + 1, step + n))
         step, epoch, batch = step + n, epoch + 1, 0
     return out
@@ -126,7 +126,7 @@ def train(recipe: R.Recipe, step: int = 0, saved: dict | None = None) -> Trace:
     """The loop from a checkpoint at `step` with epoch_state `saved` (None: a new run), as
     train.run's _train and _restore start it."""
     trace = Trace()
-    if saved is not None and steps_lib.finished(recipe.train, step, saved["epoch"]):
+    if saved is not None and stretches.finished(recipe.train, step, saved["epoch"]):
         return trace  # train.run: "nothing to train"
     session = SimpleNamespace(
         recipe=recipe,
@@ -210,7 +210,7 @@ def test_an_epochs_run_resumes_where_its_checkpoint_says(fake_engine):
     first = steps_recipe(None, 3, epochs=4)
     saved = dataclasses.asdict(session_lib.EpochState(2, 1, 1.0, 1.0, 1.0, 1.0))
     assert session_lib.resume_state(first.train, 7, saved) == session_lib.EpochState(**saved)
-    assert steps_lib.finished(first.train, 12, 4) and not steps_lib.finished(first.train, 9, 3)
+    assert stretches.finished(first.train, 12, 4) and not stretches.finished(first.train, 9, 3)
     after = steps_recipe(None, 5, epochs=4)  # longer epochs from the checkpoint at step 7
     resumed = train(after, 7, saved)
     assert list(resumed.positions) == list(range(8, 8 + 4 + 5))

@@ -118,9 +118,12 @@ def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
 
 
 def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
-    """Every weight gathered to the host as one numpy array, keyed by its path."""
+    """Every weight gathered to the host as one numpy array, keyed by its path (`mesh` None:
+    plain variables)."""
     from tensorflow.experimental import dtensor
 
+    if mesh is None:
+        return {path: var.numpy() for path, var in built.variables.items()}
     values = {}
     for path, var in built.variables.items():
         full = dtensor.relayout(var.read_value(), replicated(mesh, len(var.shape)))

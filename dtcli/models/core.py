@@ -92,31 +92,9 @@ def build(
     seed: int,
     compute: Compute = FLOAT32,
 ) -> Built:
-    """The MLP's DVariables on the mesh, with the planned layouts. (`initial` is empty: see
-    `describe`.)"""
-    import tensorflow as tf
-    from tensorflow.experimental import dtensor
-
-    variables = {}
-    for plan in plans:
-        path, shape = plan.weight.path, plan.weight.shape
-        layout = to_layout(plan.spec, mesh)
-        if path.endswith(".kernel"):
-            index = int(path.split(".")[0].split("_")[1])
-            limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))  # Glorot uniform, as seed 000
-            # Drawn on a replicated layout (identical on every mesh), then relaid out.
-            value = dtensor.call_with_layout(
-                tf.random.stateless_uniform,
-                replicated(mesh, 2),
-                shape=shape,
-                seed=(seed, index),
-                minval=-limit,
-                maxval=limit,
-            )
-            value = dtensor.relayout(value, layout)
-        else:
-            value = dtensor.call_with_layout(tf.zeros, layout, shape=shape)
-        variables[path] = dtensor.DVariable(value, name=path.split(".")[1])
+    """The MLP's DVariables on the mesh, with the planned layouts, or plain variables on the
+    one device (mesh None: an XLA run). (`initial` is empty: see `describe`.)"""
+    variables = {p.weight.path: _variable(p, mesh, seed) for p in plans}
     mlp = _core_module(cfg, variables, compute)
     return Built(
         module=mlp,
@@ -127,6 +105,29 @@ def build(
         variables=variables,
         api="core",
     )
+
+
+def _variable(plan: WeightPlan, mesh: Any, seed: int) -> Any:
+    """One weight: a kernel drawn from the seed (Glorot uniform, as seed 000), a bias zeros."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    path, shape = plan.weight.path, plan.weight.shape
+    name = path.split(".")[1]
+    if not path.endswith(".kernel"):
+        if mesh is None:
+            return tf.Variable(tf.zeros(shape), name=name)
+        return dtensor.DVariable(
+            dtensor.call_with_layout(tf.zeros, to_layout(plan.spec, mesh), shape=shape), name=name
+        )
+    index = int(path.split(".")[0].split("_")[1])
+    limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))
+    draw = dict(shape=shape, seed=(seed, index), minval=-limit, maxval=limit)
+    if mesh is None:
+        return tf.Variable(tf.random.stateless_uniform(**draw), name=name)
+    # Drawn on a replicated layout (identical on every mesh), then relaid out.
+    value = dtensor.call_with_layout(tf.random.stateless_uniform, replicated(mesh, 2), **draw)
+    return dtensor.DVariable(dtensor.relayout(value, to_layout(plan.spec, mesh)), name=name)
 
 
 def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:

@@ -352,24 +352,18 @@ def build(
     seed: int,
     compute: Any = None,
 ) -> Built:
+    """The model on `mesh` with the planned layouts, or with plain variables on the one device
+    (mesh None: an XLA run), starting from `initial` either way."""
     import tensorflow as tf
     import tf_keras
-    from tensorflow.experimental import dtensor
 
-    layout_map = tf_keras.dtensor.experimental.LayoutMap(mesh=mesh)
-    for plan in plans:
-        # Exact paths: LayoutMap tries an exact key before regexes, so the map is the plan.
-        layout_map[plan.weight.path] = to_layout(plan.spec, mesh)
     tf_keras.utils.set_random_seed(seed)
-    with layout_map.scope():
-        model = make_model(cfg, input_shape, num_classes, compute)
-    x = dtensor.copy_to_mesh(tf.zeros((1, *input_shape)), replicated(mesh, 1 + len(input_shape)))
-    _ensure_built(model, input_shape, x)
+    model = _on_mesh(cfg, input_shape, num_classes, mesh, plans, compute)
     variables = keras_variables(model)
     if [p for p, _, _ in variables] != [p.weight.path for p in plans]:
         raise RuntimeError("the model built on the mesh has other weights than the host model")
     for path, var, _ in variables:
-        var.assign(_on_layout(initial[path], var.layout, mesh))
+        var.assign(initial[path] if mesh is None else _on_layout(initial[path], var.layout, mesh))
 
     def regularization() -> Any:
         return tf.add_n(model.losses) if model.losses else None
@@ -384,6 +378,34 @@ def build(
         api="keras",
         needs_autograph=cfg.build is not None,  # (the transformer is dtcli's: no branches)
     )
+
+
+def _on_mesh(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    mesh: Any,
+    plans: list[WeightPlan],
+    compute: Any,
+) -> Any:
+    """The model built (its variables made) under a LayoutMap of the plans, or plainly."""
+    import tensorflow as tf
+    import tf_keras
+    from tensorflow.experimental import dtensor
+
+    if mesh is None:
+        model = make_model(cfg, input_shape, num_classes, compute)
+        _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
+        return model
+    layout_map = tf_keras.dtensor.experimental.LayoutMap(mesh=mesh)
+    for plan in plans:
+        # Exact paths: LayoutMap tries an exact key before regexes, so the map is the plan.
+        layout_map[plan.weight.path] = to_layout(plan.spec, mesh)
+    with layout_map.scope():
+        model = make_model(cfg, input_shape, num_classes, compute)
+    x = dtensor.copy_to_mesh(tf.zeros((1, *input_shape)), replicated(mesh, 1 + len(input_shape)))
+    _ensure_built(model, input_shape, x)
+    return model
 
 
 def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:

@@ -199,6 +199,11 @@ class TrainConfig:
     # bf16: the matmuls of dtcli's GPT and Core MLPs run in bfloat16; master weights, optimizer
     # state, LayerNorm, softmax, the loss and checkpoints stay float32.
     precision: Literal["float32", "bf16"] = "float32"
+    # How the steps compile. auto: XLA where the mesh is one device of one process (plain
+    # variables, no SPMD needed; the same numbers, checkpoints and plan), DTensor otherwise.
+    # xla: XLA, refused on a mesh of more than one device (DTensor's XLA SPMD is TPU-only).
+    # dtensor: DTensor's own compilation on any mesh (one device included).
+    compile: Literal["auto", "xla", "dtensor"] = "auto"
 
 
 @dataclass(frozen=True)

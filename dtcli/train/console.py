@@ -29,7 +29,8 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
     console.print(
         f"[bold]{r.name}[/]: {r.model.api} model, {parameters_text(params)} "
         f"in {len(session.plans)} weights ({sharded} sharded) "
-        f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}; "
+        f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}"
+        f"{' (steps compiled by XLA)' if session.xla else ''}; "
         f"data: {session.data.description}; run directory: {run_dir}",
         highlight=False,
     )

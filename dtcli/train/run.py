@@ -28,7 +28,8 @@ from dtcli import rundir, runlog, storage, tfruntime
 from dtcli.errors import TrainingError, UsageError, one_line, printed
 from dtcli.recipe import Recipe
 from dtcli.session import EpochState, Session, prepare, resume_state
-from dtcli.steps import finished, make_steps
+from dtcli.steps import make_steps
+from dtcli.stretches import finished
 from dtcli.train.console import header, nothing_to_train, profile_report, summary
 from dtcli.train.loop import Checkpointer, EpochLoop, NoWriter, Writer
 from dtcli.train.signals import (
