@@ -509,7 +509,8 @@ def prepare_text(
     data_dir: str | None = typer.Option(None, "--data-dir", help="tfds: its data folder."),
     download: bool = typer.Option(False, "--download", help="tfds: download and prepare it."),
 ) -> None:
-    """Tokenize text into the binary shards `data.source: tokens` streams (never all in memory)."""
+    """Tokenize text into the binary shards `data.source: tokens` streams (never all in memory).
+    A failure, Ctrl-C (exit 130) or SIGTERM (exit 143) leaves nothing of --out behind."""
     from dtcli.data import prepare
 
     tfds = prepare.TfdsOptions(train_split, eval_split, data_dir, download)
@@ -519,7 +520,7 @@ def prepare_text(
         docs, shards = info["documents"], len(info["shards"])
         print(
             f"{split}: {info['tokens']:,} tokens ({per:.2f} bytes each) of {docs:,} "
-            f"document{'s' * (docs != 1)} in {shards} shard{'s' * (shards != 1)}"
+            f"document{'s' * (docs != 1)} in {shards:,} shard{'s' * (shards != 1)}"
         )
     print(f"{out}: {index['dtype']} ids of {index['tokenizer']}")
 

@@ -30,7 +30,8 @@ class Stopped(Exception):
 
 
 class Preempted(BaseException):
-    """SIGTERM while a run is set up or wound down (outside the loop, which saves instead).
+    """SIGTERM while a run is set up or wound down (outside the loop, which saves instead), or
+    while prepare-text writes its shards (it removes them).
 
     A BaseException, as KeyboardInterrupt is: raised from a signal handler into whatever code
     runs, it must not be caught by that code's `except Exception` (TensorFlow's import turned

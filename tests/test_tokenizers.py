@@ -132,6 +132,75 @@ def test_bytes_save_as_a_tokenizer_json_whose_ids_are_the_byte_values():
     assert with_eot.pieces()[256] == b"" and with_eot.pieces()[0xC3] == b"\xc3"
 
 
+def test_byte_tokens_with_the_end_of_document_token_stay_bytes():
+    """prepare-text's byte tokenizer (bytes and <|endoftext|>, id 256) encodes any bytes one
+    token each (it used to read them as UTF-8, U+FFFD for each bad byte), reads back as bytes
+    from its tokenizer.json (the file earlier versions wrote too), and decodes exactly."""
+    from tokenizers import Tokenizer
+
+    tok = T.with_eot(T.ByteTokenizer())
+    raw = b"ab\xff\xfe\xc3" + bytes(range(256))
+    assert isinstance(tok, T.ByteTokenizer) and (tok.vocab_size, tok.eot) == (257, 256)
+    assert list(tok.encode(raw)) == list(raw)
+    assert list(np.concatenate(list(tok.encode_blocks([raw[:3], raw[3:]])))) == list(raw)
+    assert tok.decode([*raw, 256, 97]) == raw + b"a" and tok.target_bytes([97, 256]) == 1
+    assert tok.description == "byte tokens (256 byte values plus the end-of-document token)"
+    earlier = Tokenizer.from_str(T.ByteTokenizer().to_json())
+    earlier.add_special_tokens([T.EOT_TOKEN])  # what prepare-text wrote before
+    assert json.loads(tok.to_json()) == json.loads(earlier.to_str())
+    again = T.from_json(earlier.to_str(), "x")
+    assert isinstance(again, T.ByteTokenizer) and again.eot == 256
+    assert again.description == tok.description and len(again.pieces()) == 257
+
+
+def test_a_bpe_reads_bad_utf8_as_u_fffd_and_says_its_real_size():
+    """BPEs keep their documented U+FFFD for bad UTF-8 (also across two blocks); a BPE the text
+    cannot fill says its real size, and that it is capped (it claimed the size asked)."""
+    bpe = T.train_bpe(T.line_pieces([MIXED.decode()]), 70000)
+    assert bpe.vocab_size < 2000
+    assert bpe.description == (
+        f"a byte-level BPE of {bpe.vocab_size:,} tokens trained on the training text (of 70,000 "
+        "asked: it has no more merges)"
+    )
+    ids = np.concatenate(list(bpe.encode_blocks([b"caf\xc3", b"\xa9 \xff!"])))
+    assert bpe.decode(ids) == "café \ufffd!".encode()
+    assert T.train_bpe(["ab " * 50], 258).description.endswith(
+        "of 258 tokens trained on the training text"
+    )
+
+
+def test_tokenizer_specs_bpe_shorthand_and_files_that_are_no_tokenizer(tmp_path):
+    from dtcli import recipe as R
+    from dtcli.errors import UsageError
+
+    recipe = ROOT / "recipes" / "tiny_gpt.yaml"
+    shorthand = R.load(recipe, ["data.tokenizer=bpe:512"])
+    assert shorthand.data.tokenizer == R.TrainTokenizerConfig(vocab_size=512)
+    assert R.dump(shorthand) == R.dump(
+        R.load(recipe, ["data.tokenizer={train: bpe, vocab_size: 512}"])
+    )
+    with pytest.raises(UsageError) as bad:
+        R.load(recipe, ["data.tokenizer=bpe:9"])
+    assert str(bad.value) == (
+        "recipe key 'data.tokenizer': expected bpe:N with N from 257 (the 256 bytes and the "
+        "end-of-document token) to 1,048,576, got 'bpe:9'"
+    )
+    for text, why in (
+        ('{"vocab_size": 8}', "JSON, but without the 'model' every tokenizer.json has; its keys: 'vocab_size'"),
+        ("[1, 2]", "JSON, but an array where a tokenizer.json holds an object"),
+        ("{", "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ):  # fmt: skip
+        (tmp_path / "t.json").write_text(text)
+        with pytest.raises(UsageError) as bad:
+            T.load(str(tmp_path / "t.json"), "--tokenizer")
+        assert (
+            str(bad.value)
+            == f"--tokenizer: {str(tmp_path / 't.json')!r} is not a tokenizer.json ({why})"
+        )
+    with pytest.raises(UsageError, match="^x: expected bytes, bpe:N or a path to a tokenizer.json"):
+        T.load("", "x")
+
+
 def test_the_models_vocabulary_is_rounded_up_and_generate_never_picks_past_the_tokenizer():
     from dtcli import generate
 

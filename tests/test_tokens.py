@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import RECIPES, dtcli
+from conftest import RECIPES, ROOT, dtcli, env
 
 from dtcli import data as D
 from dtcli import recipe as R
+from dtcli import tfruntime
 from dtcli.data import prepare, tokens
+from dtcli.data import tokenizer as T
+from dtcli.errors import UsageError
 
 CONTEXT = 16
 WORDS = "the of and to in is was that for on with as by at from his her they thou art".split()
@@ -79,6 +87,188 @@ def test_prepare_text_writes_fixed_size_shards_and_ends_documents(corpus, shards
     assert info["train"]["bytes"] + info["eval"]["bytes"] == total
     assert info["eval"]["bytes"] == pytest.approx(total * 0.1, abs=200)
     assert info["train"]["documents"] == 3 and info["eval"]["documents"] == 1
+
+
+def test_bytes_shards_hold_every_byte_of_the_input_utf8_or_not(tmp_path, capsys):
+    """Bytes that are not UTF-8 (a binary file) are tokens as they are, one each: the shards
+    are the files' bytes with the end-of-document id 256 between them, and index.json's
+    figures agree (U+FFFD used to take 3 tokens in place of each bad byte)."""
+    from dtcli import cli
+    from dtcli import data as D
+
+    rng = np.random.default_rng(0)
+    raw = [rng.integers(0, 256, 3000, dtype=np.uint8).tobytes() + b"\n" for _ in range(2)]
+    raw[1] += b"\xff\xfe\xc3\n" * 400  # the evaluation split: bad UTF-8 too
+    for i, data in enumerate(raw):
+        (tmp_path / f"{i}.bin").write_bytes(data)
+    out = tmp_path / "tok"
+    assert cli.run(["prepare-text", str(tmp_path / "*.bin"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "byte tokens (256 byte values plus the end-of-document token)" in printed
+    index = json.loads((out / "index.json").read_text())
+    assert (index["vocab_size"], index["eot"]) == (257, 256)
+    ids = [np.concatenate(ids_of(out, split, index)) for split in ("train", "eval")]
+    text = [ids[0][ids[0] != 256].astype(np.uint8).tobytes(), ids[1].astype(np.uint8).tobytes()]
+    assert text[0] + text[1] == b"".join(raw) and (ids[0] == 256).sum() == 1
+    for split, part in zip(("train", "eval"), ids):
+        info = index["splits"][split]
+        assert info["tokens"] == len(part) == info["bytes"] + info["documents"] - 1
+    tok = tokens.shards_tokenizer(str(out))  # read back: bytes, exact
+    assert isinstance(tok, T.ByteTokenizer) and tok.eot == 256 and tok.vocab_size == 257
+    assert tok.decode(ids[1]) == text[1] and tok.target_bytes(ids[0]) == len(text[0])
+    # as data.tokenizer of source text, the same tokens: every byte
+    cfg = R.DataConfig(source="text", path=str(tmp_path / "1.bin"), context=8, tokenizer=str(out))
+    ds = D.load(cfg)
+    assert ds.train.tokens.tobytes() + ds.eval.tokens.tobytes() == raw[1]
+    assert ds.num_classes == 320
+
+
+def test_sigterm_during_prepare_text_removes_its_output_and_exits_143(tmp_path):
+    """SIGTERM (a scheduler's stop) as Ctrl-C: what the run wrote is removed, one line, exit
+    143 (dtcli's SIGTERM code); it used to leave the shards without index.json. The writer
+    stops after its first shard's ids, as a slow preparation would, for the signal."""
+    (tmp_path / "a.txt").write_text("some text to tokenize\n" * 300)
+    out = tmp_path / "tok"
+    code = textwrap.dedent("""
+        import sys, time
+        from dtcli import cli
+        from dtcli.data import prepare
+        write = prepare._ShardWriter.write
+        def slow(self, ids):
+            write(self, ids)
+            print("writing", flush=True)
+            time.sleep(60)
+        prepare._ShardWriter.write = slow
+        sys.exit(cli.run(sys.argv[1:]))
+    """)
+    args = ["prepare-text", str(tmp_path / "a.txt"), "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "writing\n"
+        assert (out / "tokenizer.json").is_file()  # half written, as the trial found it
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert err.splitlines() == [
+        f"preempted (SIGTERM); prepare-text stopped and removed what it wrote to --out {str(out)!r}"
+    ]
+    assert not out.exists()
+
+
+def test_prepare_text_into_an_incomplete_output_says_so(tmp_path):
+    (tmp_path / "a.txt").write_text("text\n" * 100)
+    out = tmp_path / "tok"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("{}")
+    (out / "train-00000.bin").write_bytes(b"\0\0")
+    with pytest.raises(UsageError, match="holds an incomplete prepare-text output .no index.json"):
+        prepare.prepare_text(str(tmp_path / "a.txt"), "bytes", out)
+    (out / "index.json").write_text("{}")
+    with pytest.raises(UsageError, match="holds a finished prepare-text output"):
+        prepare.prepare_text(str(tmp_path / "a.txt"), "bytes", out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "index.json",
+        "tokenizer.json",
+        "train-00000.bin",
+    ]
+
+
+def prepare_error(tmp_path, source: str, **options) -> str:
+    out = tmp_path / "refused"
+    with pytest.raises(UsageError) as caught:
+        prepare.prepare_text(source, options.pop("tokenizer", "bytes"), out, **options)
+    assert not out.exists()  # nothing left behind
+    return str(caught.value)
+
+
+def test_prepare_text_says_why_a_source_gives_no_split(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    assert prepare_error(tmp_path, str(tmp_path / "empty.txt")) == (
+        f"SOURCE: {tmp_path / 'empty.txt'} is empty (expected text)"
+    )
+    (tmp_path / "line.txt").write_text("word " * 200)  # no line break: no cut
+    assert prepare_error(tmp_path, str(tmp_path / "line.txt")) == (
+        f"SOURCE: its evaluation split is empty: --eval-fraction 0.1 cuts {tmp_path / 'line.txt'} "
+        "at byte 900, the cut moves to a line's end, and the file has no line break; give text "
+        "in lines, or several files (the split may fall between two)"
+    )
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "a.txt").write_text("line\n" * 100)
+    (tmp_path / "lines" / "b.txt").write_text("word " * 100)
+    message = prepare_error(tmp_path, str(tmp_path / "lines"))
+    assert message.endswith(
+        "give --eval-fraction 0.5 or more, text in lines, or several files (the split may fall between two)"
+    )
+    index = prepare.prepare_text(str(tmp_path / "lines"), "bytes", tmp_path / "ok", 0.5)
+    assert index["splits"]["eval"]["bytes"] == 500
+
+
+def test_prepare_text_says_what_a_glob_matched_that_is_no_file(tmp_path):
+    for name in ("d1", "d2"):
+        (tmp_path / name).mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    assert prepare_error(tmp_path, str(tmp_path / "d*")) == (
+        f"SOURCE: {str(tmp_path / 'd*')!r} matches no file, only 2 folders ({tmp_path / 'd1'}, "
+        f"{tmp_path / 'd2'}); a glob reads the files it matches (give a folder itself to read "
+        "every file under it)"
+    )
+    assert "only 1 FIFO" in prepare_error(tmp_path, str(tmp_path / "pi*"))
+    assert prepare_error(tmp_path, str(tmp_path / "pipe")) == (
+        f"SOURCE: {str(tmp_path / 'pipe')!r} is a FIFO, expected a file or a folder"
+    )
+    assert "no file, folder or glob match" in prepare_error(tmp_path, str(tmp_path / "x*"))
+
+
+def test_prepare_text_tfds_errors_name_its_options_with_the_native_logs_hidden(
+    tmp_path, monkeypatch
+):
+    """The TFDS helpers' errors name source text's recipe keys: prepare-text's own options
+    instead; TensorFlow's native start-up lines are hidden, as other commands hide them."""
+    pytest.importorskip("tensorflow_datasets")
+    quieted = []
+    quiet = tfruntime.quiet_native_logs
+
+    def recorded():
+        quieted.append(True)
+        return quiet()
+
+    monkeypatch.setattr(tfruntime, "quiet_native_logs", recorded)
+    message = prepare_error(tmp_path, "tfds:tiny_shakespear")
+    assert message.startswith("SOURCE: no TFDS data set named 'tiny_shakespear'")
+    assert quieted
+    where = tmp_path / "tfds"
+    tfds = prepare.TfdsOptions(data_dir=str(where))
+    message = prepare_error(tmp_path, "tfds:tiny_shakespeare", tfds=tfds)
+    assert message == (
+        f"SOURCE: TFDS data set 'tiny_shakespeare' is not prepared in {where} and --download is "
+        "not given; prepare it where there is network (`tfds build tiny_shakespeare --data_dir "
+        "DIR`) and give --data-dir DIR, or --download"
+    )
+
+
+def test_prepare_text_prints_thousands_and_a_capped_bpes_real_size(corpus, tmp_path, capsys):
+    from dtcli import cli
+
+    out = tmp_path / "tok"
+    args = ["prepare-text", str(corpus / "a.txt"), "--tokenizer", "bpe:70000"]
+    assert cli.run([*args, "--out", str(out), "--shard-tokens", "4"]) == 0
+    index = json.loads((out / "index.json").read_text())
+    size = index["vocab_size"]
+    assert size < 1000 and index["tokenizer"] == (
+        f"a byte-level BPE of {size} tokens trained on the training split (of 70,000 asked: it "
+        "has no more merges)"
+    )
+    shards = len(index["splits"]["train"]["shards"])
+    assert shards > 1000 and f"in {shards:,} shards" in capsys.readouterr().out
+    assert "70,000" not in tokens.shards_tokenizer(str(out)).description
+    for spec, expected in (("", "--tokenizer '': expected bytes, bpe:N or a path"),
+                           ("bpe:9", "--tokenizer 'bpe:9': expected bpe:N with N from 257")):  # fmt: skip
+        assert prepare_error(tmp_path, str(corpus / "a.txt"), tokenizer=spec).startswith(expected)
 
 
 def windows(ds) -> list[tuple[np.ndarray, np.ndarray]]:

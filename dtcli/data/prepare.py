@@ -2,17 +2,22 @@
 into the token shards source tokens streams (their format: dtcli.data.tokens).
 
 Memory stays flat whatever the text's size: files are read a megabyte at a time, encoded in
-pieces (dtcli.data.tokenizer.line_pieces) and written out as they come. Each file (or TFDS
-example) is a document; the end-of-document token separates documents (a tokenizer without
-one gets `<|endoftext|>` added). The evaluation split is the last --eval-fraction of the files'
-bytes, cut at a line's end (a TFDS data set's splits are its own); a BPE (`--tokenizer bpe:N`)
-is trained on the training split only.
+pieces (Tokenizer.encode_blocks: bytes one token each, whatever they are; text for other
+tokenizers, in dtcli.data.tokenizer.line_pieces) and written out as they come. Each file (or
+TFDS example) is a document; the end-of-document token separates documents (a tokenizer
+without one gets `<|endoftext|>` added). The evaluation split is the last --eval-fraction of the
+files' bytes, cut at a line's end (a TFDS data set's splits are its own); a BPE (`--tokenizer
+bpe:N`) is trained on the training split only. A failure, Ctrl-C or SIGTERM leaves nothing
+behind; index.json, written last, marks a finished folder.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
+import math
+import re
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from dtcli import storage
+from dtcli import storage, tfruntime
 from dtcli.data import tokenizer as tokenizer_lib
 from dtcli.data import tokens as tokens_lib
 from dtcli.data.text import text_files, tfds_documents
 from dtcli.data.tokenizer import Tokenizer
-from dtcli.errors import UsageError
+from dtcli.errors import Preempted, UsageError
 from dtcli.recipe import DataConfig
-from dtcli.recipe.configs import MAX_VOCAB, MIN_BPE_VOCAB
+from dtcli.recipe.data_checks import bpe_size
 
 # Token ids per shard file (2 MiB of uint16): enough shards for clients to share, few enough
 # files for a file system.
@@ -48,11 +53,10 @@ class Document:
     def size(self) -> int:
         return self.stop - self.start if self.file is not None else len(self.text)
 
-    def blocks(self) -> Iterator[str]:
-        """The document's text, a block at a time (bad UTF-8 read as U+FFFD)."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    def blocks(self) -> Iterator[bytes]:
+        """The document's bytes, a block at a time."""
         if self.file is None:
-            yield decoder.decode(self.text, final=True)
+            yield self.text
             return
         with open(self.file, "rb") as f:
             f.seek(self.start)
@@ -62,8 +66,7 @@ class Document:
                 if not block:
                     break
                 left -= len(block)
-                yield decoder.decode(block)
-        yield decoder.decode(b"", final=True)
+                yield block
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,15 @@ def prepare_text(
     """Tokenize `source` into shards in the new (or empty) folder `out`; returns its index.
     `tokenizer`: bytes, bpe:N (trained on the training split), or a tokenizer.json (or a
     folder holding one: a run directory, a hub model's)."""
-    _check_options(eval_fraction, shard_tokens)
+    _check_options(eval_fraction, shard_tokens, tokenizer)
     if storage.is_remote(out):
         raise UsageError(f"--out {str(out)!r}: prepare-text writes a local folder; copy it after")
     out = Path(out)
     made = _claim(out)
-    try:
+    quiet = (
+        tfruntime.quiet_native_logs if source.startswith(TFDS_PREFIX) else contextlib.nullcontext
+    )
+    with quiet(), _removed_unless_done(out, made):
         splits = _documents(source, eval_fraction, tfds)
         tok = tokenizer_lib.with_eot(_tokenizer(tokenizer, splits["train"]))
         storage.write_atomic(out / tokens_lib.TOKENIZER, tok.to_json())
@@ -110,13 +116,13 @@ def prepare_text(
         for split, docs in splits.items():
             index["splits"][split] = _write_split(docs, tok, out, split, dtype, shard_tokens)
         tokens_lib.write_index(out, index)
-    except BaseException:
-        _remove(out, made)
-        raise
     return index
 
 
-def _check_options(eval_fraction: float, shard_tokens: int) -> None:
+def _check_options(eval_fraction: float, shard_tokens: int, tokenizer: str) -> None:
+    if not tokenizer.strip():
+        raise UsageError(f"--tokenizer {tokenizer!r}: expected {tokenizer_lib.SPECS}")
+    bpe_size(tokenizer, "--tokenizer")
     if not 0 < eval_fraction < 1:
         raise UsageError(f"--eval-fraction {eval_fraction}: expected a number in (0, 1)")
     if shard_tokens < 2:
@@ -128,7 +134,19 @@ def _claim(out: Path) -> bool:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r}: is a file, expected a folder for the shards")
     if out.is_dir():
-        if any(out.iterdir()):
+        names = {p.name for p in out.iterdir()}
+        if tokens_lib.INDEX in names:
+            raise UsageError(
+                f"--out {str(out)!r}: holds a finished prepare-text output; give a new or empty "
+                "folder (or remove that one)"
+            )
+        if any(n == tokens_lib.TOKENIZER or _SHARD.fullmatch(n) for n in names):
+            raise UsageError(
+                f"--out {str(out)!r}: holds an incomplete prepare-text output (no "
+                f"{tokens_lib.INDEX}: a preparation that was stopped); remove the folder and run "
+                "again"
+            )
+        if names:
             raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
         return False
     try:
@@ -136,6 +154,35 @@ def _claim(out: Path) -> bool:
     except OSError as exc:
         raise UsageError(f"--out {str(out)!r}: cannot create it ({exc.strerror})") from None
     return True
+
+
+_SHARD = re.compile(r"(train|eval)-\d{5}\.bin")
+
+
+@contextlib.contextmanager
+def _removed_unless_done(out: Path, made: bool) -> Iterator[None]:
+    """A preparation that fails or is stopped leaves nothing (_remove). SIGTERM (a scheduler's
+    stop) stops it as Ctrl-C does, as an exception (errors.Preempted: one line, exit 143)."""
+    main = threading.current_thread() is threading.main_thread()
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the clean-up goes on
+        raise Preempted(
+            f"preempted (SIGTERM); prepare-text stopped and removed what it wrote to --out "
+            f"{str(out)!r}"
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        yield
+    except BaseException:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _remove(out, made)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _remove(out: Path, made: bool) -> None:
@@ -173,17 +220,45 @@ class _TfdsDocuments:
         self.cfg, self.split, self.key = cfg, split, key
 
     def __iter__(self) -> Iterator[Document]:
-        return (Document(text=t) for t in tfds_documents(self.cfg, self.split, self.key))
+        try:
+            for text in tfds_documents(self.cfg, self.split, self.key):
+                yield Document(text=text)
+        except UsageError as exc:
+            raise UsageError(_as_options(str(exc))) from None
+
+
+# The TFDS helpers name the recipe keys of source text; prepare-text has options instead.
+_OPTION_NAMES = (
+    ("recipe key 'data.name'", "SOURCE"),
+    ("recipe key 'data.train_split'", "--train-split"),
+    ("recipe key 'data.eval_split'", "--eval-split"),
+    ("recipe key 'data.download'", "--download"),
+    ("data.download is false", "--download is not given"),
+    ("set data.data_dir=DIR, or --set data.download=true", "give --data-dir DIR, or --download"),
+    ("set data.data_dir=DIR", "give --data-dir DIR"),
+    ("(source text reads text; an image data set is source tfds)", "(prepare-text reads text)"),
+)
+
+
+def _as_options(message: str) -> str:
+    for key, option in _OPTION_NAMES:
+        message = message.replace(key, option)
+    return message
 
 
 def _split_files(files: list[Path], eval_fraction: float) -> dict[str, list[Document]]:
     """Every file a document; the evaluation split is the last `eval_fraction` of their bytes,
     the file it cuts cut at the end of a line."""
     sizes = [f.stat().st_size for f in files]
-    cut = int(sum(sizes) * (1 - eval_fraction))
+    total = sum(sizes)
+    if not total:
+        empty = f"{files[0]} is empty" if len(files) == 1 else f"its {len(files):,} files are empty"
+        raise UsageError(f"SOURCE: {empty} (expected text)")
+    cut = int(total * (1 - eval_fraction))
     train: list[Document] = []
     evaluate: list[Document] = []
     offset = 0
+    cut_file: tuple = ()  # the file the cut moved to its end: where the split failed if it did
     for file, size in zip(files, sizes):
         if offset + size <= cut:
             train.append(Document(file, 0, size))
@@ -193,13 +268,15 @@ def _split_files(files: list[Path], eval_fraction: float) -> dict[str, list[Docu
             at = _line_end(file, cut - offset, size)
             train += [Document(file, 0, at)] if at else []
             evaluate += [Document(file, at, size)] if at < size else []
+            cut_file = (file, cut - offset, offset, size) if at == size else ()
         offset += size
-    for name, docs in (("training", train), ("evaluation", evaluate)):
-        if not any(d.size() for d in docs):
-            raise UsageError(
-                f"SOURCE: its {name} split is empty ({sum(sizes)} bytes, --eval-fraction "
-                f"{eval_fraction})"
-            )
+    if not any(d.size() for d in train):
+        raise UsageError(
+            f"SOURCE: its training split is empty: {total:,} bytes of text, and --eval-fraction "
+            f"{eval_fraction} leaves none to train on"
+        )
+    if not any(d.size() for d in evaluate):
+        raise _no_evaluation(*cut_file, total, eval_fraction)
     return {"train": train, "eval": evaluate}
 
 
@@ -215,17 +292,43 @@ def _line_end(file: Path, at: int, size: int) -> int:
     return size
 
 
-def _tokenizer(spec: str, train: Any) -> Tokenizer:
+def _no_evaluation(
+    file: Path, at: int, offset: int, size: int, total: int, eval_fraction: float
+) -> UsageError:
+    """The split leaves no evaluation text: `file` (the last with any, at `offset` of `total`
+    bytes) has no line break from byte `at` to its last one. Says why and what would do."""
+    last = _last_break(file, size)
+    head = (
+        f"SOURCE: its evaluation split is empty: --eval-fraction {eval_fraction} cuts {file} at "
+        f"byte {at:,}, the cut moves to a line's end, and the file has no line break"
+        f"{' after that' if last >= 0 else ''}"
+    )
+    boundary = offset + last if last >= 0 else offset  # a cut before it leaves an evaluation
+    fraction = math.ceil((1 - boundary / total) * 100) / 100
+    larger = f"--eval-fraction {fraction:g} or more, " if boundary > 0 and fraction < 1 else ""
+    return UsageError(
+        f"{head}; give {larger}text in lines, or several files (the split may fall between two)"
+    )
+
+
+def _last_break(file: Path, size: int) -> int:
+    """Where the last line break before the file's last byte is (-1: none)."""
+    last, pos = -1, 0
+    with open(file, "rb") as f:
+        while pos < size - 1 and (block := f.read(min(BLOCK, size - 1 - pos))):
+            found = block.rfind(b"\n")
+            last = pos + found if found >= 0 else last
+            pos += len(block)
+    return last
+
+
+def _tokenizer(spec: str, train: Any) -> tokenizer_lib.Tokenizer:
     if spec == "bytes":
         return tokenizer_lib.ByteTokenizer()
-    if spec.startswith("bpe:"):
-        size = spec[len("bpe:") :]
-        if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) <= MAX_VOCAB:
-            raise UsageError(
-                f"--tokenizer {spec!r}: expected bpe:N with N from {MIN_BPE_VOCAB} to {MAX_VOCAB:,}"
-            )
-        texts = (p for doc in train for p in tokenizer_lib.line_pieces(doc.blocks()))
-        return tokenizer_lib.train_bpe(texts, int(size), "the training split")
+    size = bpe_size(spec, "--tokenizer")
+    if size is not None:
+        texts = (p for doc in train for p in tokenizer_lib.text_pieces(doc.blocks()))
+        return tokenizer_lib.train_bpe(texts, size, "the training split")
     return tokenizer_lib.load(spec, "--tokenizer")
 
 
@@ -239,7 +342,7 @@ def _write_split(
     for doc in docs:
         if count:
             writer.write(eot)
-        for ids in tok.encode_pieces(tokenizer_lib.line_pieces(doc.blocks())):
+        for ids in tok.encode_blocks(doc.blocks()):
             writer.write(ids)
         count += 1
         size += doc.size()

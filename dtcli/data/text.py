@@ -69,10 +69,40 @@ def text_files(pattern: str, named: str) -> list[Path]:
         if not files:
             raise UsageError(f"{named}: folder {pattern!r} holds no files")
         return files
-    files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if path.exists():  # neither a file nor a folder
+        raise UsageError(f"{named}: {pattern!r} is a {_kind(path)}, expected a file or a folder")
+    matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+    files = [p for p in matches if p.is_file()]
+    if not files and matches:
+        kinds: dict[str, list[str]] = {}
+        for match in matches:
+            kinds.setdefault(_kind(match), []).append(str(match))
+        found = "; ".join(
+            f"{len(paths):,} {kind}{'s' * (len(paths) > 1)} ({', '.join(paths[:3])}"
+            f"{', ...' if len(paths) > 3 else ''})"
+            for kind, paths in kinds.items()
+        )
+        raise UsageError(
+            f"{named}: {pattern!r} matches no file, only {found}; a glob reads the files it "
+            "matches (give a folder itself to read every file under it)"
+        )
     if not files:
         raise UsageError(f"{named}: no file, folder or glob match at {pattern!r}")
     return files
+
+
+def _kind(path: Path) -> str:
+    """What a path that is not a regular file is, in a word or two."""
+    import stat
+
+    if path.is_dir():
+        return "folder"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "broken link"
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"))
+    return next((name for test, name in kinds if test(mode)), "device file")
 
 
 def stdlib_sources() -> list[Path]:
@@ -134,10 +164,10 @@ def load(cfg: DataConfig, split_names: tuple[str, ...], saved: Path | None = Non
     the evaluation tokens without overlap (each token predicted once)."""
     context = int(cfg.context or 1)
     tok = tokenizer_lib.read_saved(saved)
-    if tok is None and cfg.tokenizer in (None, "bytes"):
-        tok = ByteTokenizer()
+    if tok is None and not isinstance(cfg.tokenizer, TrainTokenizerConfig):
+        tok = tokenizer(cfg)  # bytes (any byte tokens: those of prepare-text too) or a file
     train, evaluate, what, keys = _byte_parts(cfg, not isinstance(tok, ByteTokenizer))
-    if not isinstance(tok, ByteTokenizer):  # else the bytes are the tokens
+    if not isinstance(tok, ByteTokenizer):  # else the bytes are the tokens, every one
         tok = tok or tokenizer(cfg, None, train.tobytes())
         train, evaluate = (tok.encode(part.tobytes()) for part in (train, evaluate))
     return _text_dataset(context, train, evaluate, what, keys, tok, _vocab(cfg, tok))

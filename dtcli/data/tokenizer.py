@@ -12,6 +12,7 @@ generate, resume and export never read the recipe's path again nor train it agai
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,6 +31,9 @@ from dtcli.errors import UsageError, one_line
 # generate never samples them.
 VOCAB_MULTIPLE = 64
 EOT_TOKEN = "<|endoftext|>"
+BYTE_VALUES = 256
+# What a tokenizer option or key takes (errors say it).
+SPECS = "bytes, bpe:N or a path to a tokenizer.json (or a folder holding one)"
 # End-of-document tokens of common tokenizers (GPT-2, Llama 3, Llama 2/Mistral, Gemma).
 EOT_NAMES = (EOT_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
 # Text is encoded in pieces of about this many characters (the Encodings of a piece take about
@@ -70,6 +74,10 @@ class Tokenizer:
     def encode(self, text: bytes) -> np.ndarray:
         raise NotImplementedError
 
+    def encode_blocks(self, blocks: Iterable[bytes]) -> Iterator[np.ndarray]:
+        """The ids of a text given in consecutive blocks of bytes, a part at a time."""
+        raise NotImplementedError
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> bytes:
         raise NotImplementedError
 
@@ -90,26 +98,39 @@ class Tokenizer:
 
 
 class ByteTokenizer(Tokenizer):
-    """One token per byte, its value: any bytes, UTF-8 or not, round-trip."""
+    """One token per byte, its value: any bytes, UTF-8 or not, round-trip. `eot`: 256 where the
+    end-of-document token follows the bytes (prepare-text's shards), else None."""
 
-    vocab_size = 256
-    eot = None
-    description = "byte tokens"
+    def __init__(self, eot: int | None = None):
+        self.eot = eot
+        self.vocab_size = BYTE_VALUES if eot is None else BYTE_VALUES + 1
+        self.description = (
+            "byte tokens"
+            if eot is None
+            else "byte tokens (256 byte values plus the end-of-document token)"
+        )
 
     def encode(self, text: bytes) -> np.ndarray:
         return np.frombuffer(bytes(text), np.uint8)
 
+    def encode_blocks(self, blocks: Iterable[bytes]) -> Iterator[np.ndarray]:
+        return (np.frombuffer(block, np.uint8) for block in blocks)
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> bytes:
-        return np.asarray(ids, np.uint8).tobytes()
+        ids = np.asarray(ids)
+        return ids[ids < BYTE_VALUES].astype(np.uint8).tobytes()  # the end of document: none
 
     def pieces(self) -> list[bytes]:
-        return [bytes([i]) for i in range(256)]
+        return [bytes([i]) for i in range(BYTE_VALUES)] + [b""] * (self.vocab_size - BYTE_VALUES)
 
     def to_json(self) -> str:
-        return byte_identity().to_str()
+        tok = byte_identity()
+        if self.eot is not None:
+            tok.add_special_tokens([EOT_TOKEN])
+        return tok.to_str()
 
     def target_bytes(self, ids: np.ndarray) -> int:
-        return int(np.size(ids))
+        return int(np.count_nonzero(np.asarray(ids) < BYTE_VALUES))
 
 
 def byte_identity() -> Any:
@@ -124,14 +145,19 @@ def byte_identity() -> Any:
     return tok
 
 
-def _is_byte_identity(spec: dict[str, Any]) -> bool:
+def _byte_identity(spec: dict[str, Any]) -> tuple[bool, int | None]:
+    """Whether `spec` is ByteTokenizer's tokenizer.json, and its end-of-document id (None: none;
+    prepare-text's shards: EOT_TOKEN as id 256)."""
     model = spec.get("model") or {}
-    return (
+    added = spec.get("added_tokens") or []
+    eot = [t for t in added if t.get("content") == EOT_TOKEN and t.get("id") == BYTE_VALUES]
+    same = (
         model.get("type") == "BPE"
         and not model.get("merges")
-        and not spec.get("added_tokens")
+        and len(added) == len(eot)
         and model.get("vocab") == {char: b for b, char in bytes_to_unicode().items()}
     )
+    return same, (BYTE_VALUES if eot else None)
 
 
 class HFTokenizer(Tokenizer):
@@ -147,8 +173,11 @@ class HFTokenizer(Tokenizer):
         self.eot = next((i for i in found if i is not None), None)
 
     def encode(self, text: bytes) -> np.ndarray:
-        parts = list(self.encode_pieces(line_pieces([text.decode("utf-8", errors="replace")])))
+        parts = list(self.encode_blocks([text]))
         return np.concatenate(parts) if parts else np.zeros(0, token_dtype(self.vocab_size))
+
+    def encode_blocks(self, blocks: Iterable[bytes]) -> Iterator[np.ndarray]:
+        return self.encode_pieces(text_pieces(blocks))
 
     def encode_pieces(self, pieces: Iterable[str]) -> Iterator[np.ndarray]:
         """The ids of each group of PIECES pieces of text, in order (`tokenizers` encodes a
@@ -209,6 +238,8 @@ def with_eot(tokenizer: Tokenizer) -> Tokenizer:
     after its last id (bytes: id 256)."""
     if tokenizer.eot is not None:
         return tokenizer
+    if isinstance(tokenizer, ByteTokenizer):
+        return ByteTokenizer(eot=BYTE_VALUES)
     from tokenizers import Tokenizer as HF
 
     tok = HF.from_str(tokenizer.to_json())
@@ -216,13 +247,31 @@ def with_eot(tokenizer: Tokenizer) -> Tokenizer:
     return HFTokenizer(tok, f"{tokenizer.description} and {EOT_TOKEN}")
 
 
+class NotATokenizer(ValueError):
+    """Text that is not a tokenizer.json: why, in words."""
+
+
 def from_json(text: str, description: str) -> Tokenizer:
     """A tokenizer from tokenizer.json's text (ByteTokenizer where it is the byte identity)."""
     from tokenizers import Tokenizer as HF
 
-    spec = json.loads(text)
-    if _is_byte_identity(spec):
-        return ByteTokenizer()
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise NotATokenizer(f"not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(spec), "a number"
+        )
+        raise NotATokenizer(f"JSON, but {kind} where a tokenizer.json holds an object")
+    if "model" not in spec:
+        keys = ", ".join(map(repr, list(spec)[:5])) or "none"
+        raise NotATokenizer(
+            f"JSON, but without the 'model' every tokenizer.json has; its keys: {keys}"
+        )
+    same, eot = _byte_identity(spec)
+    if same:
+        return ByteTokenizer(eot)
     tok = HF.from_str(text)
     kind = (spec.get("model") or {}).get("type", "a")
     size = tok.get_vocab_size(with_added_tokens=True)
@@ -232,6 +281,8 @@ def from_json(text: str, description: str) -> Tokenizer:
 def load(path: str, named: str) -> Tokenizer:
     """A tokenizer.json at `path` (or in the folder `path`: a hub model's or a run's); `named`:
     how errors name it ("recipe key 'data.tokenizer'", "--tokenizer")."""
+    if not path.strip():
+        raise UsageError(f"{named}: expected {SPECS}, got {path!r}")
     where = storage.as_path(path)
     try:
         if where.is_dir():
@@ -242,7 +293,9 @@ def load(path: str, named: str) -> Tokenizer:
         raise UsageError(f"{named}: cannot read {str(where)!r} ({reason})") from None
     try:
         return from_json(text, str(where))
-    except Exception as exc:  # noqa: BLE001 - JSON and `tokenizers`' own errors alike
+    except NotATokenizer as exc:
+        raise UsageError(f"{named}: {str(where)!r} is not a tokenizer.json ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - `tokenizers`' own errors
         raise UsageError(
             f"{named}: {str(where)!r} is not a tokenizer.json ({one_line(exc)})"
         ) from None
@@ -265,8 +318,9 @@ def read_saved(saved: Any) -> Tokenizer | None:
 
 def train_bpe(texts: Iterable[str], vocab_size: int, what: str = "the training text") -> Tokenizer:
     """A byte-level BPE (GPT-2's pre-tokenizer and byte alphabet) of at most `vocab_size` ids:
-    EOT_TOKEN (id 0), the 256 bytes, then merges learned from `texts`. Training is
-    deterministic: the same text gives the same tokenizer."""
+    EOT_TOKEN (id 0), the 256 bytes, then merges learned from `texts` (fewer where the text
+    has no more pairs to merge: its description says so). Training is deterministic: the same
+    text gives the same tokenizer."""
     from tokenizers import Tokenizer as HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -280,7 +334,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, what: str = "the training t
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return HFTokenizer(tok, f"a byte-level BPE of {vocab_size:,} tokens trained on {what}")
+    size = tok.get_vocab_size(with_added_tokens=True)
+    capped = f" (of {vocab_size:,} asked: it has no more merges)" if size < vocab_size else ""
+    return HFTokenizer(tok, f"a byte-level BPE of {size:,} tokens trained on {what}{capped}")
 
 
 # A cut between two lines "X\nY" (X and Y not spaces): GPT-2's pre-tokenizer splits there
@@ -306,3 +362,16 @@ def line_pieces(blocks: Iterable[str], size: int | None = None) -> Iterator[str]
         carry = carry[start:]
     if carry:
         yield carry
+
+
+def text_pieces(blocks: Iterable[bytes]) -> Iterator[str]:
+    """Consecutive blocks of a document's bytes as its text in line_pieces (bad UTF-8 read as
+    U+FFFD, a character cut between two blocks read whole)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def decoded() -> Iterator[str]:
+        for block in blocks:
+            yield decoder.decode(block)
+        yield decoder.decode(b"", final=True)
+
+    return line_pieces(decoded())

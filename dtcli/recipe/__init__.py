@@ -38,7 +38,7 @@ from dtcli.recipe.configs import (
     TrainTokenizerConfig,
     TransformerConfig,
 )
-from dtcli.recipe.data_checks import tfds_installed
+from dtcli.recipe.data_checks import bpe_size, tfds_installed
 from dtcli.recipe.files import load_yaml, read_raw
 from dtcli.recipe.overrides import NO_OVERRIDES, Overrides, apply_set, parse_mesh_arg
 from dtcli.recipe.typed import build, plain, schema
@@ -60,6 +60,7 @@ __all__ = [
     "TrainTokenizerConfig",
     "TransformerConfig",
     "apply_set",
+    "bpe_size",
     "check_mesh_on_devices",
     "check_micro_batch",
     "dump",
@@ -99,6 +100,10 @@ def _resolve(recipe: Recipe) -> Recipe:
     d, t, m = recipe.data, recipe.train, recipe.model
     if d.source in TEXT_SOURCES and d.context is None and m.transformer is not None:
         d = dataclasses.replace(d, context=m.transformer.context)
+    if isinstance(d.tokenizer, str):  # `bpe:N`, {train: bpe, vocab_size: N} for short
+        size = bpe_size(d.tokenizer, "recipe key 'data.tokenizer'")
+        if size is not None:
+            d = dataclasses.replace(d, tokenizer=TrainTokenizerConfig(vocab_size=size))
     if t.steps is not None and t.steps >= 1:
         # train.steps replaces epochs: the run is stretches of eval_every steps, each a
         # (possibly partial) epoch of its own permutation.

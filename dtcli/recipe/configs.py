@@ -54,9 +54,10 @@ class DataConfig:
     context: int | None = None
     eval_fraction: float = 0.1
     # text: null or "bytes" (one token per byte, vocabulary 256), a tokenizer.json (or a folder
-    # holding one: GPT-2's, Llama's, a run's), or {train: bpe, vocab_size: N}. tokens: null (the
-    # shards' own tokenizer). A run keeps the tokenizer it used (RUN_DIR/tokenizer.json); the
-    # model's vocabulary is its size rounded up to a multiple of 64.
+    # holding one: GPT-2's, Llama's, a run's), or {train: bpe, vocab_size: N} ("bpe:N" for
+    # short, read as that). tokens: null (the shards' own tokenizer). A run keeps the tokenizer
+    # it used (RUN_DIR/tokenizer.json); the model's vocabulary is its size rounded up to a
+    # multiple of 64.
     tokenizer: str | TrainTokenizerConfig | None = None
     # tfrecord: the tf.train.Example features holding the image (bytes) and the class (int64);
     # the image is raw bytes of data.shape in data.dtype, or an encoded PNG/JPEG/GIF/BMP.

@@ -132,6 +132,23 @@ def _check_source_needs(d: DataConfig) -> None:
         )
 
 
+def bpe_size(spec: str, named: str) -> int | None:
+    """The N of a tokenizer given as `bpe:N` (a byte-level BPE of N ids to train), None for any
+    other tokenizer; `named`: how errors name it ("--tokenizer", "recipe key 'data.tokenizer'")."""
+    if not spec.strip().startswith("bpe:"):
+        return None
+    size = spec.strip()[len("bpe:") :].strip().replace("_", "")
+    if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) <= MAX_VOCAB:
+        expected = (
+            f"expected bpe:N with N from {MIN_BPE_VOCAB} (the 256 bytes and the end-of-document "
+            f"token) to {MAX_VOCAB:,}"
+        )
+        if named.startswith("--"):  # an option: `--tokenizer 'bpe:9': expected ...`
+            raise UsageError(f"{named} {spec!r}: {expected}")
+        raise UsageError(f"{named}: {expected}, got {spec!r}")
+    return int(size)
+
+
 def _check_tokenizer(d: DataConfig) -> None:
     """data.tokenizer: only text has one to choose (token shards carry their own); a BPE's
     size within bounds. Whether a tokenizer.json is there is seen when the data is read."""
@@ -157,8 +174,8 @@ def _check_tokenizer(d: DataConfig) -> None:
             )
     elif not t.strip():
         raise UsageError(
-            "recipe key 'data.tokenizer': expected bytes, a path to a tokenizer.json or "
-            "{train: bpe, vocab_size: N}, got ''"
+            "recipe key 'data.tokenizer': expected bytes, bpe:N, a path to a tokenizer.json "
+            "or {train: bpe, vocab_size: N}, got ''"
         )
 
 
