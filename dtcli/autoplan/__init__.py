@@ -126,7 +126,7 @@ def run(
     if opts.measure is not None:
         _measure(rows, opts, recipe_path, sets, overrides.devices, console)
     chosen = report_lib.chosen_index(rows)
-    title = f"{base.name}: {devices.text}, best first"
+    title = f"{base.name}: {devices.text}, best predicted first"
     per_step = report_lib.items_per_step(base, model.input_shape)
     if opts.as_json:
         import json
@@ -141,8 +141,7 @@ def run(
         }
         print(json.dumps(report_lib.to_json(rows, chosen, extra, budget)))
     else:
-        shown = [r for r in rows if r.fits][: opts.top] + [r for r in rows if not r.fits]
-        report_lib.render(shown, chosen, console, title, per_step)
+        report_lib.render(rows, chosen, console, title, per_step, budget, opts.top)
         spearman = report_lib.correlation(rows)
         if spearman is not None:
             console.print(f"Spearman rank correlation, predicted vs measured: {spearman:.2f}")

@@ -46,7 +46,7 @@ def plot(rows: list[Checked], chosen: int | None, path: Path, title: str) -> Pat
         )
     ax.set_yticks(ys, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms per training step")
+    ax.set_xlabel("ms per training step (ranked by prediction; *: chosen)")
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend()

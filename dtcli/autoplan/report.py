@@ -113,13 +113,19 @@ COLUMNS = (
 
 
 def render(
-    rows: list[Checked], chosen: int | None, console: Any, title: str, per_step: tuple[int, str]
+    rows: list[Checked],
+    chosen: int | None,
+    console: Any,
+    title: str,
+    per_step: tuple[int, str],
+    budget: Any,
+    top: int,
 ) -> None:
     """The fitting candidates best first, the chosen one marked; then why each other was
     refused, one line each."""
     items, unit = per_step
     table = []
-    for i, c in enumerate(r for r in rows if r.fits):
+    for i, c in enumerate([r for r in rows if r.fits][:top]):
         ms = c.measured_ms if c.measured_ms is not None else c.predicted_ms
         rate = f"{items / (ms / 1e3):,.0f} {unit}/s" if ms else "-"
         if c.measured_ms is None and c.measure_error is None:
@@ -135,7 +141,13 @@ def render(
                 rate,
             )
         )
-    print_table(console, COLUMNS, table, title=title, caption="*: chosen")
+    caption = "*: chosen (the fastest measured, else the fastest predicted)"
+    if budget.bytes is not None:
+        caption += f"; budget {memory_lib.size_text(budget.bytes)} per device ({budget.name})"
+    hidden = len([r for r in rows if r.fits]) - len(table)
+    if hidden > 0:
+        caption += f"; {hidden} more fit (--top)"
+    print_table(console, COLUMNS, table, title=title, caption=caption)
     for c in rows:
         if not c.fits:
             console.print(
