@@ -395,13 +395,31 @@ def plan(
     devices: str | None = DevicesOption,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     memory: str | None = MemoryOption,
+    auto: bool = typer.Option(
+        False, "--auto", help="Search meshes x layouts under --memory, best predicted first."
+    ),
+    top: int | None = typer.Option(None, "--top", help="--auto: show and measure the best N."),
+    measure: int | None = typer.Option(
+        None, "--measure", help="--auto: train each shown candidate K steps and time them."
+    ),
+    write: str | None = typer.Option(None, "--write", help="--auto: the chosen as a recipe."),
+    plot_file: str | None = typer.Option(None, "--plot", help="--auto: the ranking as a PNG."),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="--auto: probe the devices again, not the cached rates."
+    ),
 ) -> None:
-    """Show where every weight lives on the mesh and what each device holds; trains nothing."""
+    """Show where every weight lives on the mesh and what each device holds; trains nothing.
+    With --auto: the meshes and layouts that fit, ranked by a calibrated cost model."""
+    from dtcli import autoplan
     from dtcli import memory as memory_lib
     from dtcli import plan as plan_lib
     from dtcli import recipe as recipe_lib
 
     budget = memory_lib.budget_from_args(memory)
+    opts = autoplan.options(auto, mesh, top, measure, write, plot_file, as_json, recalibrate)
+    if opts is not None:
+        autoplan.run(recipe, _overrides(sets, None, devices), opts, budget, _console())
+        return
     loaded = recipe_lib.load(recipe, _overrides(sets, mesh, devices))
     report = plan_lib.make_report(loaded, budget)
     if as_json:

@@ -884,6 +884,27 @@ CASES: dict[str, Case] = {
         "plan", "{r}", expect="'name'", setup=recipe_text("name: a\nname: b\n")
     ),
     "plan unknown option": c("plan", "{q}", "--jsn", expect="No such option"),
+    # ---- plan --auto
+    "auto with mesh": c("plan", "{q}", "--auto", "--mesh", "batch=8", expect="--mesh: --auto"),
+    "auto top zero": c("plan", "{q}", "--auto", "--top", "0", expect="--top 0: expected"),
+    "auto measure zero": c("plan", "{q}", "--auto", "--measure", "0", expect="--measure 0"),
+    "auto measure not a number": c("plan", "{q}", "--auto", "--measure", "x", expect="--measure"),
+    "measure without auto": c("plan", "{q}", "--measure", "5", expect="--measure: only with"),
+    "auto write exists": c(
+        "plan", "{q}", "--auto", "--write", "{tmp}/f.yaml", expect="exists", setup=file_at("f.yaml")
+    ),
+    "auto write a folder": c(
+        "plan", "{q}", "--auto", "--write", "{tmp}/d", expect="is a folder", setup=folder_at("d")
+    ),
+    "auto write no folder": c(
+        "plan", "{q}", "--auto", "--write", "{tmp}/no/o.yaml", expect="no such folder"
+    ),
+    "auto plot not png": c("plan", "{q}", "--auto", "--plot", "{tmp}/p.jpg", expect="--plot"),
+    "auto bad memory": c("plan", "{q}", "--auto", "--memory", "lots", expect="--memory 'lots'"),
+    "auto unknown devices": c("plan", "{q}", "--auto", "--devices", "npu:8", expect="--devices"),
+    "auto budget under every candidate": c(
+        "plan", "{q}", "--auto", "--memory", "1KiB", expect="no candidate fits; the smallest"
+    ),
     # ---- plot
     "plot missing run": c("plot", "{tmp}/nope", expect="no such folder"),
     "plot no run": c("plot", expect="Missing argument 'run_dirs'"),

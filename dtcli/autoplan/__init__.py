@@ -1,0 +1,197 @@
+"""`dtcli plan RECIPE --auto`: the mesh and layout to train a recipe with on these devices.
+
+    candidates.py  the meshes a device count allows times the layout presets (pure)
+    search.py      each candidate checked as `train` checks it, its memory against the budget
+    workload.py    a step's FLOPs, collectives and ops by arithmetic (pure)
+    cost.py        the cost model: a step's predicted time from a workload and rates (pure)
+    calibrate.py   the rates, probed on the devices and cached per device kind
+    measure.py     --measure K: each candidate trained K steps in a fresh `dtcli train`
+    report.py      the table, the JSON, Spearman's rank correlation, the recipe --write writes
+    figure.py      --plot: the ranking as a PNG
+
+A command at the layer of `plan` (docs/architecture.md): it imports the engine's arithmetic
+(memory, models, layout) and the recipe, never another command.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtcli import devices as devices_lib
+from dtcli import mesh as mesh_lib
+from dtcli import recipe as recipe_lib
+from dtcli.autoplan import report as report_lib
+from dtcli.autoplan import search
+from dtcli.errors import UsageError
+
+DEFAULT_TOP = 5
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """--auto's options, checked before any work (`options`)."""
+
+    top: int = DEFAULT_TOP  # the candidates shown and measured, best predicted first
+    measure: int | None = None  # steps per candidate, or None: predict only
+    write: Path | None = None
+    plot: Path | None = None
+    as_json: bool = False
+    recalibrate: bool = False
+
+
+def options(
+    auto: bool,
+    mesh: str | None,
+    top: int | None,
+    measure: int | None,
+    write: str | None,
+    plot: str | None,
+    as_json: bool,
+    recalibrate: bool,
+) -> AutoOptions | None:
+    """The command line's --auto options, each refused in one line naming it; None without
+    --auto (then none of its options may be given)."""
+    given = {
+        "--top": top is not None,
+        "--measure": measure is not None,
+        "--write": write is not None,
+        "--plot": plot is not None,
+        "--recalibrate": recalibrate,
+    }
+    if not auto:
+        for name, there in given.items():
+            if there:
+                raise UsageError(f"{name}: only with --auto (the search of meshes and layouts)")
+        return None
+    if mesh is not None:
+        raise UsageError(
+            "--mesh: --auto searches the meshes itself; give --mesh or --auto, not both "
+            "(--devices sets the device count)"
+        )
+    if top is not None and top < 1:
+        raise UsageError(f"--top {top}: expected at least 1 candidate")
+    if measure is not None and measure < 2:
+        raise UsageError(f"--measure {measure}: expected at least 2 steps per candidate")
+    return AutoOptions(
+        top if top is not None else DEFAULT_TOP,
+        measure,
+        _new_file(write, "--write", (".yaml", ".yml")),
+        _new_file(plot, "--plot", (".png",)),
+        as_json,
+        recalibrate,
+    )
+
+
+def _new_file(text: str | None, option: str, suffixes: tuple[str, ...]) -> Path | None:
+    """A file to create: refused where something is there already, its folder is missing or
+    its name does not end in one of `suffixes`."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{option} {text!r}: is a folder; give a file name")
+    if path.exists():
+        raise UsageError(f"{option} {text!r}: exists already; give a new file name")
+    if not path.parent.is_dir():
+        raise UsageError(f"{option} {text!r}: no such folder {str(path.parent)!r}")
+    if path.suffix.lower() not in suffixes:
+        raise UsageError(f"{option} {text!r}: expected a file name ending in {suffixes[0]}")
+    return path
+
+
+def run(
+    recipe_path: str, overrides: recipe_lib.Overrides, opts: AutoOptions, budget: Any, console: Any
+) -> None:
+    """Search, predict, (measure), then print, and write what was asked for."""
+    from dtcli.autoplan import calibrate
+
+    raw = overrides.apply(recipe_lib.read_raw(recipe_path))
+    base = recipe_lib.from_mapping(raw)
+    devices = devices_lib.configure(base.devices, mesh_lib.device_count_for(base.mesh))
+    model = search.describe_model(base)
+    found = search.enumerate_for(base, model, devices.count)
+    checked = search.merge_equal([search.check(raw, c, model, budget) for c in found])
+    search.refuse_if_none_fits(checked, budget)
+    rates, fresh = calibrate.rates_for(devices.device_type, devices.count, opts.recalibrate)
+    from dtcli.autoplan.cost import predict
+
+    for c in checked:
+        if c.workload is not None:
+            c.prediction = predict(c.workload, rates)
+    rows = report_lib.ranked(checked)
+    sets = _sets_mapping(overrides)
+    if opts.measure is not None:
+        _measure(rows, opts, recipe_path, sets, overrides.devices, console)
+    chosen = report_lib.chosen_index(rows)
+    title = f"{base.name}: {devices.text}, best predicted first"
+    per_step = report_lib.items_per_step(base, model.input_shape)
+    if opts.as_json:
+        import json
+
+        extra = {
+            "recipe": base.name,
+            "devices": devices.text,
+            "device_kind": calibrate.device_kind(devices.device_type, devices.count),
+            "rates": rates.to_json(),
+            "calibrated_now": fresh,
+            "calibration_cache": str(calibrate.cache_path()),
+        }
+        print(json.dumps(report_lib.to_json(rows, chosen, extra, budget)))
+    else:
+        report_lib.render(rows, chosen, console, title, per_step, budget, opts.top)
+        spearman = report_lib.correlation(rows)
+        if spearman is not None:
+            console.print(f"Spearman rank correlation, predicted vs measured: {spearman:.2f}")
+    if opts.plot is not None:
+        from dtcli.autoplan import figure
+
+        figure.plot(rows, chosen, opts.plot, title)
+    if opts.write is not None and chosen is not None:
+        text = report_lib.recipe_text(
+            rows[chosen], Path(recipe_path), opts.write.parent, sets, overrides.devices
+        )
+        opts.write.write_text(text)
+        if not opts.as_json:
+            console.print(f"wrote {opts.write}: dtcli train {opts.write}", highlight=False)
+
+
+def _measure(
+    rows: list[search.Checked],
+    opts: AutoOptions,
+    recipe_path: str,
+    sets: dict,
+    devices: str | None,
+    console: Any,
+) -> None:
+    """The best `opts.top` fitting candidates, each trained `opts.measure` steps."""
+    from dtcli.autoplan import measure
+
+    todo = [r for r in rows if r.fits][: opts.top]
+    jobs = []
+    for r in todo:
+        # measure writes it into a temporary folder: the base's path is absolute
+        text = report_lib.recipe_text(r, Path(recipe_path), None, sets, devices)
+        warmup = r.recipe.optimizer.warmup_steps if r.recipe is not None else 0
+        jobs.append((search.label(r.candidate), text, warmup or 0))
+    timeout = float(os.environ.get(measure.TIMEOUT_ENV, "1800"))
+    err_console = console if not opts.as_json else _stderr_console()
+    results = measure.measure_all(jobs, opts.measure, err_console, timeout)
+    for r, (ms, error) in zip(todo, results):
+        r.measured_ms, r.measure_error = ms, error
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _sets_mapping(overrides: recipe_lib.Overrides) -> dict:
+    """The command line's --set values as a nested mapping (written into --write's recipe)."""
+    out: dict = {}
+    for assignment in overrides.sets:
+        recipe_lib.apply_set(out, assignment)
+    return out

@@ -1,0 +1,246 @@
+"""The cost model's rates, measured on the devices themselves by a probe of a few seconds, and
+cached per device kind (DTCLI_CACHE_DIR, else $XDG_CACHE_HOME/dtcli, else ~/.cache/dtcli).
+
+The probe times, on a mesh of all the devices, each in its own `tf.function` called a few times
+after a first (compiling) call, the median taken:
+- a batch-sharded matmul: FLOP/s per device;
+- chains of dependent all-reduces over each axis of a 2-axis mesh (the group sizes the search's
+  meshes have), of a few floats and of 1 MiB: seconds per collective (alpha) and bytes per
+  second per device (beta), per group size;
+- a chain of small element-wise ops: seconds per op per device (on N virtual CPUs sharing a
+  few cores, every op runs once per device: this is what a step's op count costs);
+- a chain of element-wise ops on 4 MiB per device: bytes read and written per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dtcli.autoplan.cost import Rates
+from dtcli.errors import UsageError
+
+CACHE_ENV = "DTCLI_CACHE_DIR"
+CACHE_FILE = "calibration.json"
+PROBE_VERSION = 2  # a cached entry of another version is measured again
+CHAIN = 24  # dependent collectives or ops per timed call
+BIG_FLOATS = 2**18  # 1 MiB of float32 per all-reduce
+STREAM_FLOATS = 2**20  # 4 MiB of float32 per device per element-wise op
+
+
+def cache_path() -> Path:
+    """Where calibrations are kept: never inside the repository."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root) / CACHE_FILE
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dtcli" / CACHE_FILE
+
+
+def device_kind(device_type: str, count: int) -> str:
+    """The cache key: device type and count, the processor's name, TensorFlow's version."""
+    from dtcli.tfruntime import import_tensorflow
+
+    tf = import_tensorflow()
+    name = platform.processor() or platform.machine()
+    if device_type == "CPU":
+        name = _cpu_model() or name
+        name += f" x{os.cpu_count()} cores"
+    else:
+        found = tf.config.list_physical_devices(device_type)
+        if found:
+            details = tf.config.experimental.get_device_details(found[0])
+            name = details.get("device_name", name)
+    return f"{device_type.lower()}:{count} {name} tf {tf.__version__}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def load_cached(kind: str) -> Rates | None:
+    path = cache_path()
+    try:
+        entries = json.loads(path.read_text())
+        entry = entries[kind]
+        if entry.get("version") != PROBE_VERSION:
+            return None
+        return Rates.from_json(entry["rates"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no cache, another version, or a damaged file: measure again
+
+
+def store(kind: str, rates: Rates) -> Path:
+    path = cache_path()
+    try:
+        entries = json.loads(path.read_text()) if path.is_file() else {}
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, ValueError):
+        entries = {}
+    entries[kind] = {"version": PROBE_VERSION, "rates": rates.to_json(), "when": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)
+    except OSError as exc:
+        raise UsageError(
+            f"calibration cache {str(path)!r}: cannot write it ({exc.strerror}); set "
+            f"{CACHE_ENV} to a writable folder"
+        ) from None
+    return path
+
+
+def rates_for(device_type: str, count: int, recalibrate: bool = False) -> tuple[Rates, bool]:
+    """The cached rates of these devices, or a fresh probe's (then cached); and whether they
+    were measured now."""
+    kind = device_kind(device_type, count)
+    cached = None if recalibrate else load_cached(kind)
+    if cached is not None:
+        return cached, False
+    rates = probe(device_type, count)
+    store(kind, rates)
+    return rates, True
+
+
+def _timed(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Median seconds of one call of `fn`, after a first (compiling) call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def probe(device_type: str, count: int) -> Rates:
+    """Measure the rates on a mesh of `count` devices of `device_type` (configured already)."""
+    from dtcli import mesh as mesh_lib
+
+    flat = mesh_lib.build_mesh({"x": count}, device_type)
+    flop_rate = _matmul_rate(flat, count)
+    op_seconds = _op_seconds(flat, count, 16)
+    stream = _op_seconds(flat, count, STREAM_FLOATS)
+    stream_rate = 2 * STREAM_FLOATS * 4 / max(stream - op_seconds, 1e-9)  # read and write
+    alpha: dict[int, float] = {}
+    beta: dict[int, float] = {}
+    for sizes in _probe_meshes(count):
+        mesh = mesh_lib.build_mesh(dict(zip(("a", "b"), sizes)), device_type)
+        for axis, group in zip(("a", "b"), sizes):
+            if group > 1 and group not in alpha:
+                alpha[group], beta[group] = _all_reduce_costs(mesh, axis, op_seconds)
+    return Rates(flop_rate, alpha, beta, op_seconds, stream_rate)
+
+
+def _probe_meshes(count: int) -> list[tuple[int, int]]:
+    """2-axis meshes whose axes give every group size > 1 that divides `count`."""
+    out = []
+    for group in range(2, count + 1):
+        if count % group == 0:
+            out.append((group, count // group))
+    return out
+
+
+def _matmul_rate(mesh: Any, count: int) -> float:
+    """FLOP/s per device of a [rows, 256] @ [256, 256] matmul, rows sharded over the mesh
+    (the width of a small model's layers, where the search runs most)."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    rows, width = 512 * count, 256
+    x = dtensor.copy_to_mesh(np.ones((rows, width), np.float32), dtensor.Layout.replicated(mesh, 2))
+    x = dtensor.relayout(x, dtensor.Layout(["x", dtensor.UNSHARDED], mesh))
+    w = dtensor.copy_to_mesh(
+        np.full((width, width), 1e-3, np.float32), dtensor.Layout.replicated(mesh, 2)
+    )
+
+    @tf.function
+    def chain(x: Any) -> Any:
+        for _ in range(8):
+            x = tf.matmul(x, w)
+        return tf.reduce_sum(x[:1, :1])
+
+    seconds = _timed(lambda: chain(x).numpy())
+    return 8 * 2.0 * (rows // count) * width * width / seconds
+
+
+def _op_seconds(mesh: Any, count: int, floats: int) -> float:
+    """Seconds per element-wise op of `floats` floats per device, on every device."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
+    x, y = (
+        dtensor.relayout(
+            dtensor.copy_to_mesh(
+                np.full((count, floats), v, np.float32), dtensor.Layout.replicated(mesh, 2)
+            ),
+            layout,
+        )
+        for v in (1.0, 0.999)
+    )
+
+    def make(n: int) -> Callable[[], Any]:
+        @tf.function
+        def chain(x: Any, y: Any) -> Any:
+            for _ in range(n):
+                x = x * y  # a tensor, not a constant: Grappler cannot fold the chain
+            return tf.reduce_sum(x[:, :1])
+
+        return lambda: chain(x, y).numpy()
+
+    # a small op costs microseconds: a longer chain, so that it stands out of the call's noise
+    chain_length = CHAIN * (8 if floats < 1024 else 1)
+    short, long = _timed(make(2)), _timed(make(2 + chain_length))
+    return max(long - short, 0.0) / chain_length
+
+
+def _all_reduce_costs(mesh: Any, axis: str, op_seconds: float) -> tuple[float, float]:
+    """(seconds per all-reduce, bytes per second per device) over `axis` of `mesh`: chains of
+    CHAIN dependent all-reduces of 16 floats and of BIG_FLOATS floats per device."""
+    small = _all_reduce_seconds(mesh, axis, 16, op_seconds)
+    big = _all_reduce_seconds(mesh, axis, BIG_FLOATS, op_seconds)
+    group = mesh.dim_size(axis)
+    moved = 2.0 * (group - 1) / group * BIG_FLOATS * 4  # a ring all-reduce's bytes per device
+    return small, moved / max(big - small, 1e-9)
+
+
+def _all_reduce_seconds(mesh: Any, axis: str, floats: int, op_seconds: float) -> float:
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    group = mesh.dim_size(axis)
+    other = [a for a in mesh.dim_names if a != axis][0]
+    shape = (group, mesh.dim_size(other), floats)
+    x = dtensor.copy_to_mesh(np.ones(shape, np.float32), dtensor.Layout.replicated(mesh, 3))
+    x = dtensor.relayout(x, dtensor.Layout([axis, other, dtensor.UNSHARDED], mesh))
+
+    def make(n: int) -> Callable[[], Any]:
+        @tf.function
+        def chain(x: Any) -> Any:
+            for _ in range(n):
+                # sum over the axis' shards: one all-reduce; added back, so the next depends on it
+                x = x + 1e-6 * tf.reduce_sum(x, axis=0, keepdims=True)
+            return tf.reduce_sum(x[:1, :1, :1])
+
+        return lambda: chain(x).numpy()
+
+    short, long = _timed(make(2)), _timed(make(2 + CHAIN))
+    return max(long - short, 0.0) / CHAIN - 2 * op_seconds

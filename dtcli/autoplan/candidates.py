@@ -1,0 +1,157 @@
+"""What `dtcli plan --auto` searches (pure: no TensorFlow, no devices): the meshes a device count
+allows over a data axis and a model axis, and the layout presets that apply to a model.
+
+A candidate is a mesh and a layout (rules, layouts.fsdp). Whether it can run is decided
+elsewhere (autoplan.search), by the same checks `dtcli train` runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dtcli.layout import WeightInfo
+from dtcli.mesh import UNSHARDED
+
+U = UNSHARDED
+
+# The presets, in the order a table lists them on a tie.
+DATA_PARALLEL = "data parallel"
+FSDP = "fsdp"
+TENSOR_PARALLEL = "tp"
+FSDP_TP = "fsdp x tp"
+RECIPE = "recipe"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A layout preset: layout rules and layouts.fsdp, named."""
+
+    name: str
+    rules: dict[str, list[str]]
+    fsdp: bool
+
+    def key(self) -> tuple:
+        return (tuple((k, tuple(v)) for k, v in self.rules.items()), self.fsdp)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One mesh with one layout: what the search checks, predicts and measures."""
+
+    axes: dict[str, int]
+    layout: Layout
+
+    def key(self) -> tuple:
+        return (tuple(self.axes.items()), self.layout.key())
+
+
+def factorizations(count: int, parts: int) -> list[tuple[int, ...]]:
+    """Every ordered way to write `count` as a product of `parts` positive sizes, the first
+    size largest first: (8, 1), (4, 2), (2, 4), (1, 8) for 8 over 2 axes."""
+    if parts == 1:
+        return [(count,)]
+    out = []
+    for first in sorted((d for d in range(1, count + 1) if count % d == 0), reverse=True):
+        out += [(first, *rest) for rest in factorizations(count // first, parts - 1)]
+    return out
+
+
+def gpt_tensor_parallel(model_axis: str) -> dict[str, list[str]]:
+    """Megatron rules for dtcli's GPT (recipes/tiny_gpt_tensor_parallel.yaml): heads, the MLP's
+    hidden units and the embeddings' features split along the model axis."""
+    m = model_axis
+    return {
+        r"(token|position)_embedding\.embeddings": [U, m],
+        r"block_\d+\.attention\.(query|key|value)\.kernel": [U, m, U],
+        r"block_\d+\.attention\.proj\.kernel": [m, U, U],
+        r"block_\d+\.mlp\.fc\.kernel": [U, m],
+        r"block_\d+\.mlp\.proj\.kernel": [m, U],
+    }
+
+
+def dense_tensor_parallel(weights: list[WeightInfo], model_axis: str) -> dict[str, list[str]]:
+    """Megatron rules for a stack of Dense layers (recipes/mnist_mlp_2d.yaml): in each pair of
+    consecutive Dense layers the first is split on its outputs (kernel and bias), the second on
+    its inputs, so that the pair needs one all-reduce; an unpaired last layer stays replicated.
+    Empty where the model has fewer than two Dense layers with matrix kernels."""
+    layers = [
+        w.path[: -len(".kernel")]
+        for w in weights
+        if w.layer == "Dense" and w.path.endswith(".kernel") and len(w.shape) == 2
+    ]
+    has_bias = {w.path[: -len(".bias")] for w in weights if w.path.endswith(".bias")}
+    rules: dict[str, list[str]] = {}
+    for first, second in zip(layers[0::2], layers[1::2]):
+        rules[re.escape(f"{first}.kernel")] = [U, model_axis]
+        if first in has_bias:
+            rules[re.escape(f"{first}.bias")] = [model_axis]
+        rules[re.escape(f"{second}.kernel")] = [model_axis, U]
+    return rules
+
+
+def tensor_parallel_rules(
+    weights: list[WeightInfo], transformer: bool, model_axis: str
+) -> dict[str, list[str]]:
+    """The model's tensor-parallel rules: dtcli's GPT's, or a Dense stack's (empty: none)."""
+    if transformer:
+        return gpt_tensor_parallel(model_axis)
+    return dense_tensor_parallel(weights, model_axis)
+
+
+def layouts(
+    tp_rules: dict[str, list[str]], recipe_rules: dict[str, list[str]], recipe_fsdp: bool
+) -> list[Layout]:
+    """The presets that apply: data parallel and FSDP always, tensor parallel and FSDP x TP
+    where the model has tensor-parallel rules, and the recipe's own layout."""
+    out = [Layout(DATA_PARALLEL, {}, False), Layout(FSDP, {}, True)]
+    if tp_rules:
+        out += [Layout(TENSOR_PARALLEL, tp_rules, False), Layout(FSDP_TP, tp_rules, True)]
+    out.append(Layout(RECIPE, dict(recipe_rules), recipe_fsdp))
+    return out
+
+
+def rule_axes(rules: dict[str, list[str]]) -> set[str]:
+    return {a for spec in rules.values() for a in spec if a != U}
+
+
+def applies(layout: Layout, axes: dict[str, int], data_axis: str) -> bool:
+    """Whether a preset belongs on a mesh: its rules' axes are in the mesh and each has more
+    than one device (on one device a rule splits nothing: that layout is another preset's),
+    every other axis of size > 1 is the data axis (no idle devices), and FSDP only where the
+    data axis has more than one device."""
+    used = rule_axes(layout.rules) - {data_axis}
+    if not used <= set(axes) or any(axes[a] == 1 for a in used):
+        return False
+    idle = [a for a, n in axes.items() if n > 1 and a != data_axis and a not in used]
+    return not idle and (not layout.fsdp or axes.get(data_axis, 1) > 1)
+
+
+def enumerate_candidates(
+    count: int, axis_names: tuple[str, ...], data_axis: str, presets: list[Layout]
+) -> list[Candidate]:
+    """Every mesh of `count` devices over `axis_names` times every preset that belongs on it;
+    a preset equal to one already listed on the same mesh (the recipe's own layout is often
+    one of the presets) is listed once, named after both."""
+    found: dict[tuple, Candidate] = {}
+    for sizes in factorizations(count, len(axis_names)):
+        axes = dict(zip(axis_names, sizes))
+        for layout in presets:
+            if not applies(layout, axes, data_axis):
+                continue
+            candidate = Candidate(axes, layout)
+            seen = found.get(candidate.key())
+            if seen is None:
+                found[candidate.key()] = candidate
+            elif layout.name not in seen.layout.name:
+                named = Layout(f"{seen.layout.name} = {layout.name}", layout.rules, layout.fsdp)
+                found[candidate.key()] = Candidate(axes, named)
+    return list(found.values())
+
+
+def axis_names(data_axis: str, recipe_axes: tuple[str, ...], model_axis: str) -> tuple[str, ...]:
+    """The search's mesh axes: the data axis, then the model axis, in the recipe's order where
+    the recipe names both."""
+    if data_axis in recipe_axes and model_axis in recipe_axes:
+        return tuple(a for a in recipe_axes if a in (data_axis, model_axis))
+    return (data_axis, model_axis)

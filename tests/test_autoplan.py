@@ -1,0 +1,210 @@
+"""`dtcli plan --auto`: the search's enumeration, the checks it shares with `train`, the cost
+model's arithmetic, the recipe --write writes and the calibration cache. All without devices
+or TensorFlow (dtcli's GPT is planned by arithmetic); the command's bad inputs are rows of
+tests/test_bad_inputs.py, its measured figures in the README."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import RECIPES
+
+from dtcli import layout as layout_lib
+from dtcli import memory as memory_lib
+from dtcli import recipe as recipe_lib
+from dtcli.autoplan import calibrate, candidates, cost, measure, report, search
+from dtcli.autoplan.workload import workload
+from dtcli.errors import UsageError
+from dtcli.models import transformer
+
+GPT = RECIPES / "tiny_gpt.yaml"
+FSDP_TP = RECIPES / "gpt_fsdp_tp.yaml"
+
+
+def _search(path: Path, sets: tuple[str, ...] = (), budget=memory_lib.NO_BUDGET, count=8):
+    raw = recipe_lib.Overrides(sets, devices=f"cpu:{count}").apply(recipe_lib.read_raw(path))
+    base = recipe_lib.from_mapping(raw)
+    model = search.describe_model(base)
+    found = search.enumerate_for(base, model, count)
+    return raw, model, search.merge_equal([search.check(raw, c, model, budget) for c in found])
+
+
+def _by_label(checked):
+    return {search.label(c.candidate): c for c in checked}
+
+
+def test_factorizations_are_ordered_and_complete():
+    assert candidates.factorizations(8, 2) == [(8, 1), (4, 2), (2, 4), (1, 8)]
+    assert candidates.factorizations(1, 2) == [(1, 1)]
+    assert len(candidates.factorizations(12, 3)) == 18  # 3 axes: ordered triples
+    assert all(a * b * c == 12 for a, b, c in candidates.factorizations(12, 3))
+
+
+def test_dense_tensor_parallel_pairs_layers_like_mnist_mlp_2d():
+    weights = [
+        layout_lib.WeightInfo("dense_0.kernel", (784, 128), "Dense"),
+        layout_lib.WeightInfo("dense_0.bias", (128,), "Dense"),
+        layout_lib.WeightInfo("dense_1.kernel", (128, 10), "Dense"),
+        layout_lib.WeightInfo("dense_1.bias", (10,), "Dense"),
+    ]
+    shipped = recipe_lib.load(RECIPES / "mnist_mlp_2d.yaml").layouts.rules
+    rules = candidates.dense_tensor_parallel(weights, "model")
+    assert list(rules.values()) == list(shipped.values())
+    assert [layout_lib.match_rule(rules, w.path) for w in weights][:3] == list(rules)
+    # an unpaired third layer stays replicated; convolutions are never split
+    three = weights + [layout_lib.WeightInfo("dense_2.kernel", (10, 10), "Dense")]
+    assert candidates.dense_tensor_parallel(three, "model") == rules
+    conv = [layout_lib.WeightInfo("conv.kernel", (3, 3, 1, 8), "Conv2D")]
+    assert candidates.dense_tensor_parallel(conv, "model") == {}
+
+
+def test_gpt_candidates_and_why_each_refused_one_is_refused():
+    _, _, checked = _search(GPT)
+    by = _by_label(checked)
+    assert sorted(by) == sorted(
+        [
+            "data parallel = recipe on batch=8,model=1",
+            "fsdp on batch=8,model=1",
+            "tp on batch=4,model=2",
+            "tp on batch=2,model=4",
+            "tp on batch=1,model=8",
+            "fsdp x tp on batch=4,model=2",
+            "fsdp x tp on batch=2,model=4",
+        ]
+    )
+    # the recipe's own layout (no rules) is data parallel: listed once
+    assert [c.candidate.layout.name for c in checked].count("data parallel") == 0
+    assert (
+        "12 does not divide by the data axis 'batch' of size 8"
+        in by["data parallel = recipe on batch=8,model=1"].rejected
+        if "data parallel = recipe on batch=8,model=1" in by
+        else True
+    )
+    assert "4 heads cannot be split over 8 devices" in by["tp on batch=1,model=8"].rejected
+    assert "does not divide by the data axis" in by["fsdp on batch=8,model=1"].rejected
+    fitting = [c for c in checked if c.fits]
+    assert len(fitting) == 4 and all(c.workload is not None for c in fitting)
+
+
+def test_the_recipes_own_layout_merges_with_the_preset_it_equals():
+    _, _, checked = _search(FSDP_TP)
+    names = {search.label(c.candidate) for c in checked}
+    assert "fsdp x tp = recipe on batch=4,model=2" in names
+    assert all(c.fits for c in checked)  # batch 8, 8 heads: every candidate runs
+
+
+def test_a_budget_refuses_candidates_and_under_all_names_the_smallest():
+    _, _, free = _search(GPT)
+    smallest = min((c for c in free if c.fits), key=lambda c: c.memory.total)
+    budget = memory_lib.Budget(smallest.memory.total, "x")
+    _, _, checked = _search(GPT, budget=budget)
+    assert [search.label(c.candidate) for c in checked if c.fits] == [
+        search.label(smallest.candidate)
+    ]
+    assert any("over the budget (--memory x)" in (c.rejected or "") for c in checked)
+    tight = memory_lib.Budget(smallest.memory.total - 1, "tight")
+    _, _, none = _search(GPT, budget=tight)
+    with pytest.raises(UsageError, match=f"needs {smallest.memory.total:,} B"):
+        search.refuse_if_none_fits(none, tight)
+
+
+def test_gpt_collectives_by_layout():
+    cfg = recipe_lib.load(GPT).model.transformer
+    weights = transformer.weights(cfg, 256)
+    tp_rules = candidates.gpt_tensor_parallel("model")
+    axes = {"batch": 4, "model": 2}
+    tp = layout_lib.plan_weights(tp_rules, weights, axes)
+    recipe = recipe_lib.load(GPT, recipe_lib.Overrides((), "batch=4,model=2", "cpu:8"))
+    work = workload(recipe, tp, axes, (64,), 256)
+    activation = [c for c in work.collectives if c.group == 2 and c.bytes > 4]
+    # per block 2 forward + 4 backward all-reduces; the embeddings' gather, the tied head's
+    # logits and its input gradient
+    assert len(activation) == 6 * cfg.layers + 3
+    dp = layout_lib.plan_weights({}, weights, {"batch": 8, "model": 1})
+    dp_work = workload(recipe, dp, {"batch": 8, "model": 1}, (64,), 256)
+    assert not [c for c in dp_work.collectives if c.kind != "all-reduce"]
+    fsdp = layout_lib.apply_fsdp(dp, "batch", {"batch": 8, "model": 1})
+    kinds = {
+        c.kind for c in workload(recipe, fsdp, {"batch": 8, "model": 1}, (64,), 256).collectives
+    }
+    assert kinds == {"all-reduce", "all-gather", "reduce-scatter"}
+    assert dp_work.flops_per_device == pytest.approx(work.flops_per_device)
+
+
+def test_predict_adds_compute_collectives_and_ops():
+    rates = cost.Rates(1e9, {2: 1e-4, 8: 1e-3}, {2: 1e8, 8: 1e8}, 1e-6)
+    work = cost.Workload(
+        2e6, [cost.Collective("all-reduce", 2, 1000), cost.Collective("all-gather", 8, 8000)], 100
+    )
+    p = cost.predict(work, rates)
+    assert p.compute == pytest.approx(2e-3)
+    assert p.communication == pytest.approx(1e-4 + 1000 / 1e8 + 1e-3 + 7000 / 1e8)
+    assert p.ops == pytest.approx(1e-4)
+    assert rates.alpha_for(4) == 1e-4 and rates.alpha_for(6) == 1e-3  # the nearest group size
+    assert cost.Rates.from_json(json.loads(json.dumps(rates.to_json()))) == rates
+
+
+def test_spearman():
+    assert report.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert report.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert report.spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert report.spearman([1, 2], [1, 2]) is None
+
+
+def test_written_recipe_is_the_hand_written_one(tmp_path):
+    """--write's recipe loads to the very recipe of the same mesh and rules written by hand
+    (same fingerprint: the same run), over a base with rules of its own that must not leak."""
+    sets = ("model.transformer.layers=2",)
+    _, _, checked = _search(FSDP_TP, sets)
+    row = _by_label(checked)["tp on batch=2,model=4"]
+    out = tmp_path / "sub"
+    out.mkdir()
+    text = report.recipe_text(row, FSDP_TP, out, {"model": {"transformer": {"layers": 2}}}, None)
+    (out / "auto.yaml").write_text(text)
+    written = recipe_lib.load(out / "auto.yaml")
+    rules = "{" + ", ".join(f"'{k}': {v}" for k, v in row.candidate.layout.rules.items()) + "}"
+    by_hand = recipe_lib.load(
+        FSDP_TP,
+        recipe_lib.Overrides(
+            (
+                *sets,
+                f"layouts.rules={rules}".replace("'unsharded'", "unsharded"),
+                "layouts.fsdp=false",
+            ),
+            "batch=2,model=4",
+            "cpu:8",  # --mesh alone would drop the recipe's device count
+        ),
+    )
+    assert written.layouts.fsdp is False and dict(written.mesh) == {"batch": 2, "model": 4}
+    assert recipe_lib.fingerprint(written) == recipe_lib.fingerprint(by_hand)
+
+
+def test_calibration_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibrate.CACHE_ENV, str(tmp_path))
+    rates = cost.Rates(1e9, {2: 1e-4}, {2: 1e8}, 1e-6)
+    assert calibrate.load_cached("cpu:8 x") is None
+    path = calibrate.store("cpu:8 x", rates)
+    assert path.parent == tmp_path
+    assert calibrate.load_cached("cpu:8 x") == rates
+    assert calibrate.load_cached("cpu:4 x") is None
+    path.write_text("{not json")
+    assert calibrate.load_cached("cpu:8 x") is None  # damaged: measured again
+
+
+def test_measure_reads_the_step_time_without_the_first_call(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"seconds": 12.0, "compile_seconds": 10.0}) + "\n")
+    assert measure.step_ms(metrics, 20) == pytest.approx(100.0)
+    args = measure.train_args(tmp_path / "r.yaml", tmp_path / "run", 20)
+    assert "train.steps=21" in args and "train.eval_every=21" in args
+    assert "optimizer.warmup_steps=10" in measure.train_args(Path("r"), Path("o"), 20, 100)
+
+    from rich.console import Console
+
+    console = Console(file=open(tmp_path / "out", "w"))
+    got = measure.measure_all(
+        [("a", "x", 0), ("b", "y", 0)], 5, console, 1.0, lambda text, k, t, w: (len(text) * k, None)
+    )
+    assert got == [(5, None), (5, None)]
