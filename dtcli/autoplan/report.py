@@ -148,24 +148,15 @@ def render(
     if hidden > 0:
         caption += f"; {hidden} more fit (--top)"
     print_table(console, COLUMNS, table, title=title, caption=caption)
-    for c in rows:
-        if not c.fits:
-            console.print(
-                f"refused: {c.candidate.layout.name} on {mesh_lib.mesh_text(c.candidate.axes)}: "
-                f"{c.rejected}",
-                markup=False,
-                highlight=False,
-                soft_wrap=not console.is_terminal,
-            )
-    for c in rows:
-        if c.measure_error is not None:
-            console.print(
-                f"not measured: {c.candidate.layout.name} on "
-                f"{mesh_lib.mesh_text(c.candidate.axes)}: {c.measure_error}",
-                markup=False,
-                highlight=False,
-                soft_wrap=not console.is_terminal,
-            )
+    notes = [("refused", c, c.rejected) for c in rows if not c.fits]
+    notes += [("not measured", c, c.measure_error) for c in rows if c.measure_error is not None]
+    for label, c, why in notes:
+        console.print(
+            f"{label}: {c.candidate.layout.name} on {mesh_lib.mesh_text(c.candidate.axes)}: {why}",
+            markup=False,
+            highlight=False,
+            soft_wrap=not console.is_terminal,
+        )
 
 
 def _measured_text(c: Checked) -> str:
