@@ -58,7 +58,6 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     per_step = PER_STEP if measured else PER_STEP[:3]
     micro = session.recipe.train.accumulate
     step_at = _step_at_fn(session, language_model, measured)
-    loop_name = _loop_namer(session.packer.mesh is None)
 
     def train_call(inputs: tuple, masks: Any, runs: Any, notices: Any = None) -> dict[str, Any]:
         """`inputs`: the block's (xs, ys) [K, batch, ...], or (positions,) [K, batch] of a
@@ -92,7 +91,6 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
             lambda i, *_: i < real,
             body,
             (tf.constant(0), tf.constant(True), tf.constant(0), *(zeros for _ in per_step)),
-            name=loop_name("steps"),
         )
         out = {"applied": applied, **dict(zip(per_step, vectors))}
         if notices is not None:
@@ -115,14 +113,6 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
         tf.function(train_call, autograph=autograph, jit_compile=xla or None),
         tf.function(eval_step, autograph=autograph, jit_compile=xla or None),
     )
-
-
-def _loop_namer(xla: bool) -> Any:
-    """Names for the steps' loops: an XLA run's differ from DTensor's. DTensor lowers a loop's
-    body and condition into functions named after the loop ("while/while5_cond"); after XLA
-    compiled same-named loops in the process, adding them failed ("a different function with
-    the same name already exists": the suite, an XLA session before a DTensor one)."""
-    return lambda name: f"xla_{name}" if xla else name
 
 
 def _step_at_fn(session: Engine, language_model: bool, measured: bool) -> Any:
@@ -243,7 +233,6 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
     variables = model.trainable_variables
     micro = session.recipe.train.accumulate
     update = _update_fn(session, measured)
-    loop_name = _loop_namer(session.packer.mesh is None)
 
     def one_step(micro_at: Any, total: Any, apply: Any) -> dict[str, Any]:
         denom = tf.maximum(total, 1.0)
@@ -280,7 +269,6 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
             lambda j, *_: j < micro,
             body,
             (tf.constant(0), zero, zero, zero, *(tf.zeros_like(v) for v in variables)),
-            name=loop_name("micro_batches"),
         )
         return update({"correct": correct, "count": count}, loss, grads, apply)
 
