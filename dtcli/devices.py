@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -176,6 +178,8 @@ def _configure_client(
         count = parsed.count and local_share(parsed.count, n, f"{key} {spec!r}")
         local = _visible_gpus(tf, count, spec, key)
     cluster_lib.export_env(cluster)
+    if kind == "cpu":
+        _share_cores(tf, local)
     try:
         # Starts this client's gRPC server and waits for the others (they passed the preflight,
         # so they are up); CPU: the virtual devices are this client's share only.
@@ -192,8 +196,30 @@ def _configure_client(
     return Devices(kind.upper(), local * n, n)
 
 
+def intra_op_threads(devices: int, cores: int) -> int | None:
+    """The intra-op threads for `devices` virtual CPUs sharing `cores`, or None: TensorFlow's
+    default (one device). Every virtual device runs its own copy of each op at once, so ops
+    that also split themselves over all the cores only contend: each device gets its share
+    (measured on 2 cores, 8 devices: the tensor-parallel GPT 291 -> 239 ms a step, the
+    data-parallel MLP 18.8 -> 15.6, the 2-D CNN 260 -> 250; the same losses to 2e-8)."""
+    if devices <= 1:
+        return None
+    return max(1, cores // devices)
+
+
+def _share_cores(tf: Any, count: int) -> None:
+    """Before the runtime starts: intra_op_threads, unless the user set TF_NUM_INTRAOP_THREADS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = intra_op_threads(count, cores or 1)
+    if threads is None or os.environ.get("TF_NUM_INTRAOP_THREADS"):
+        return
+    with contextlib.suppress(RuntimeError):  # the runtime already started in this process
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+
+
 def _virtual_cpus(tf, count: int, where: str) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
+    _share_cores(tf, count)
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
