@@ -2,6 +2,9 @@
 checkpoint.
 
     run.py      open and lock the run, check the other clients, restore, run the loop, plot
+    state.py    `Run`: what one run holds as this process trains it; `RunResult`
+    resume.py   a resume: its checkpoint restored, its files brought up to date after a step
+    clients.py  a multi-client run: the preflight, client 0's choices, a lost client
     loop.py     one epoch -> its record -> a checkpoint when due
     signals.py  SIGINT, SIGTERM and a multi-client run's preemption
     console.py  the run header, the epoch line, the summary
@@ -11,6 +14,7 @@ dtcli.session; the run directory's layout, lock and checkpoints are dtcli.rundir
 loudly on a non-finite loss.
 """
 
-from dtcli.train.run import RunResult, train
+from dtcli.train.run import command, train
+from dtcli.train.state import RunResult
 
-__all__ = ["RunResult", "train"]
+__all__ = ["RunResult", "command", "train"]
