@@ -1,0 +1,98 @@
+"""The commands that read a checkpoint: `dtcli eval`, `dtcli generate` and `dtcli export`."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dtcli.cli.options import (
+    DevicesOption,
+    MeshOption,
+    SetOption,
+    console,
+    overrides,
+)
+
+
+def eval_(
+    checkpoint: str = typer.Argument(
+        ..., help="A run directory (its latest checkpoint) or one checkpoint folder."
+    ),
+    split: str = typer.Option("eval", "--split", help="eval or train."),
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Evaluation batch size."),
+    sets: list[str] | None = SetOption,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
+    no_progress: bool = typer.Option(
+        False, "--no-progress", help="As train's (eval draws no bar: it prints its result only)."
+    ),
+) -> None:
+    """Evaluate a checkpoint, on the mesh it was trained on or another one."""
+    from dtcli import evaluate as evaluate_lib
+
+    result = evaluate_lib.evaluate_path(
+        checkpoint, split, overrides(sets, mesh, devices), batch_size
+    )
+    if as_json:
+        import json
+
+        print(json.dumps(result))
+        return
+    evaluate_lib.render(result, console())
+
+
+def generate(
+    checkpoint: str = typer.Argument(
+        ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
+    ),
+    prompt: list[str] | None = typer.Option(
+        None,
+        "--prompt",
+        help="The text to continue (default: a newline); repeat it for several prompts, "
+        "generated together.",
+    ),
+    prompts_file: str | None = typer.Option(
+        None, "--prompts", help="A file of prompts, one a line (blank lines skipped)."
+    ),
+    tokens: int = typer.Option(200, "--tokens", help="How many new tokens per prompt."),
+    temperature: float = typer.Option(
+        1.0, "--temperature", help="Softmax temperature; 0: greedy (the most likely token)."
+    ),
+    top_k: int | None = typer.Option(None, "--top-k", help="Sample among the K most likely."),
+    top_p: float | None = typer.Option(
+        None,
+        "--top-p",
+        help="Sample among the fewest most likely tokens whose probabilities add up to P "
+        "(nucleus; 0 < P <= 1).",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling (same seed, same text)."),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="Run the whole window for every token instead of the KV cache (same greedy text; "
+        "for comparison and debugging).",
+    ),
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+) -> None:
+    """Generate text from a language model checkpoint: the new text on stdout (a block per
+    prompt when there are several), tokens/s on stderr."""
+    from dtcli import generate as generate_lib
+
+    prompts = generate_lib.read_prompts(prompt, prompts_file)
+    settings = generate_lib.Settings(tokens, temperature, top_k, top_p, seed, not no_cache)
+    generate_lib.check_options(settings)  # before the model is built
+    generator = generate_lib.Generator(checkpoint, mesh=mesh, devices=devices)
+    generate_lib.write(generator, prompts, settings, sys.stdout, sys.stderr)
+
+
+def export(
+    checkpoint: str = typer.Argument(..., help="A run directory or one checkpoint folder."),
+    out: str = typer.Option(..., "--out", help="Folder for the SavedModel."),
+) -> None:
+    """Export a checkpoint as a SavedModel serving plain tensors on one device."""
+    from dtcli import export as export_lib
+
+    print(export_lib.export_path(checkpoint, out))

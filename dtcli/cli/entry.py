@@ -1,0 +1,80 @@
+"""One command line run in this process: its exit code, and one `error:` line per failure."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from dtcli import terminal
+from dtcli.cli.app import app
+from dtcli.errors import INTERRUPTED_EXIT, Preempted, Stopped, TrainingError, UsageError, printed
+
+DEBUG_ENV = "DTCLI_DEBUG"
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run one command line in this process and return its exit code (main() exits with it).
+
+    No traceback reaches the user without --debug: bad input is one `error:` line and exit 2,
+    a fault after training started (a full disk, a non-finite loss) one line and exit 1, any
+    other exception (a bug, an error in user model code) one line naming its type and exit 1.
+    """
+    import traceback
+
+    try:  # typer >= 0.25 carries its own copy of click
+        from typer._click.exceptions import NoArgsIsHelpError
+        from typer._click.exceptions import UsageError as ArgumentError
+    except ImportError:
+        from click.exceptions import NoArgsIsHelpError
+        from click.exceptions import UsageError as ArgumentError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0") or "--debug" in args
+    args = terminal.completion_shells([a for a in args if a != "--debug"])
+    if debug:
+        # TensorFlow is not imported yet: its native errors and warnings are shown too.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    else:
+        terminal.quiet_python_warnings()
+
+    def fail(line: str, code: int) -> int:
+        if debug:
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return code
+
+    try:
+        terminal.check_given_once(app, args)
+        code = app(args, standalone_mode=False, prog_name="dtcli")
+    except NoArgsIsHelpError:
+        app(["--help"], standalone_mode=False, prog_name="dtcli")
+        return 2
+    except ArgumentError as exc:  # unknown option, missing argument, bad value
+        return fail("error: " + terminal.usage_line(exc), exc.exit_code)
+    except (UsageError, TrainingError) as exc:
+        return fail(printed(exc), exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside training's own handling
+        return fail(printed(KeyboardInterrupt()), INTERRUPTED_EXIT)
+    except (Stopped, Preempted) as exc:  # Ctrl-C or SIGTERM that saved what it could: no error
+        print(printed(exc), file=sys.stderr)
+        return exc.exit_code
+    except (BrokenPipeError, terminal.ClosedPipe):  # `dtcli plan ... | head -3`: the reader is done
+        terminal.stdout_to_devnull()
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        return fail(f"{printed(exc)} (unexpected; run again with --debug for the traceback)", 1)
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    """The console script."""
+    code = run()
+    try:
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here
+    except BrokenPipeError:
+        terminal.stdout_to_devnull()
+    sys.exit(code)
