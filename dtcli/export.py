@@ -27,25 +27,11 @@ def export_path(path: Path, out: Path) -> Path:
 
 
 def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
-    from dtcli import models, storage, tfruntime
+    from dtcli import models, tfruntime
 
-    if storage.is_remote(out):
-        raise UsageError(
-            f"--out {str(out)!r}: export writes a local folder (remote export is not supported "
-            "yet); export here and copy it"
-        )
-    out = Path(out)
-    rundir.check_output_folder(out, "--out")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
+    out = _check_out(out)
     meta = ckpt_lib.read_meta(checkpoint)
-    try:
-        input_shape = tuple(int(d) for d in meta["input_shape"])
-        num_classes = int(meta["num_classes"])
-    except (KeyError, TypeError, ValueError):
-        raise ckpt_lib.DamagedCheckpoint(
-            checkpoint, "meta.json lacks a valid input_shape/num_classes"
-        ) from None
+    input_shape, num_classes = _shapes(checkpoint, meta)
     # Plain variables on the host's first CPU: no mesh, so no device configuration either.
     tf = tfruntime.import_tensorflow()
     with tf.device("/CPU:0"):
@@ -59,19 +45,7 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
 
         language = recipe.task == "language_model"
         # A language model takes token ids; a classifier preprocessed float32 examples.
-        dtype = tf.int32 if language else tf.float32
-
-        class Serving(tf.Module):
-            def __init__(self, net: Any):
-                super().__init__(name="dtcli_export")
-                self.net = net
-
-            @tf.function(input_signature=[tf.TensorSpec([None, *input_shape], dtype, name="x")])
-            def serve(self, x: Any) -> dict[str, Any]:
-                logits = self.net(x, training=False)
-                return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
-
-        module = Serving(model)
+        module = _serving(tf, model, input_shape, tf.int32 if language else tf.float32)
         tmp = out.with_name(f".{out.name}.tmp")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +61,51 @@ def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
                 f"--out {str(out)!r}: cannot write the SavedModel ({reason})"
             ) from None
     return out
+
+
+def _check_out(out: Path) -> Path:
+    """--out as a local folder that is new or empty."""
+    from dtcli import storage
+
+    if storage.is_remote(out):
+        raise UsageError(
+            f"--out {str(out)!r}: export writes a local folder (remote export is not supported "
+            "yet); export here and copy it"
+        )
+    out = Path(out)
+    rundir.check_output_folder(out, "--out")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
+    return out
+
+
+def _shapes(checkpoint: Path, meta: dict[str, Any]) -> tuple[tuple[int, ...], int]:
+    """The model's input shape and class count, as the checkpoint's meta.json holds them."""
+    try:
+        input_shape = tuple(int(d) for d in meta["input_shape"])
+        num_classes = int(meta["num_classes"])
+    except (KeyError, TypeError, ValueError):
+        raise ckpt_lib.DamagedCheckpoint(
+            checkpoint, "meta.json lacks a valid input_shape/num_classes"
+        ) from None
+    return input_shape, num_classes
+
+
+def _serving(tf: Any, model: Any, input_shape: tuple[int, ...], dtype: Any) -> Any:
+    """The module a SavedModel saves: `serve` takes a batch of `dtype` examples, returns logits
+    and probabilities."""
+
+    class Serving(tf.Module):
+        def __init__(self, net: Any):
+            super().__init__(name="dtcli_export")
+            self.net = net
+
+        @tf.function(input_signature=[tf.TensorSpec([None, *input_shape], dtype, name="x")])
+        def serve(self, x: Any) -> dict[str, Any]:
+            logits = self.net(x, training=False)
+            return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    return Serving(model)
 
 
 def _finish(
