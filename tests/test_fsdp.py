@@ -200,7 +200,7 @@ def gradients(session):
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
-    from dtcli import steps
+    from dtcli.steps import step as step_lib
 
     x, y, mask = session.packer.pack_batch(next(iter(session.train_feed.epoch(0))))
     variables = session.model.trainable_variables
@@ -208,7 +208,7 @@ def gradients(session):
     @tf.function
     def grads(x, y, mask):
         with tf.GradientTape() as tape:
-            out = steps._sums(session.model.forward(x, training=True), y, mask, True)
+            out = step_lib.sums(session.model.forward(x, training=True), y, mask, True)
             loss = out["ce_sum"] / out["count"]
         return tape.gradient(loss, variables)
 
