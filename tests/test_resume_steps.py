@@ -23,6 +23,7 @@ from conftest import ROOT
 from dtcli import recipe as R
 from dtcli import session as session_lib
 from dtcli import stretches
+from dtcli.session import epoch as session_epoch
 from dtcli.train import loop as loop_lib
 
 PASS = 40  # steps in a pass over the fake training data (every eval_every below fits in it)
@@ -146,7 +147,7 @@ def train(recipe: R.Recipe, step: int = 0, saved: dict | None = None) -> Trace:
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    monkeypatch.setattr(session_lib, "train_block", lambda s, *a: s.trace.train_block(s, *a))
+    monkeypatch.setattr(session_epoch, "train_block", lambda s, *a: s.trace.train_block(s, *a))
     monkeypatch.setattr(loop_lib, "checkpoint_meta", lambda session, step, state: {})
     monkeypatch.setattr(loop_lib, "epoch_line", lambda record, cfg: "")
 

@@ -1,0 +1,236 @@
+"""A recipe built on its mesh: `prepare` configures the devices, loads the data, and builds the
+model and optimizer with their layouts and the feeds that batch the data for this process (or,
+where one device compiles with XLA, all of it on plain variables); `Session` holds the result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dtcli import cluster as cluster_lib
+from dtcli import data as data_lib
+from dtcli import devices as devices_lib
+from dtcli import layout as layout_lib
+from dtcli import mesh as mesh_lib
+from dtcli import models, optimizers
+from dtcli import pipeline as pipeline_lib
+from dtcli import recipe as recipe_lib
+from dtcli.errors import UsageError
+from dtcli.recipe import Recipe
+
+
+@dataclass
+class Session:
+    """Everything a recipe builds on its mesh; shared by train and eval."""
+
+    recipe: Recipe  # resolved: mesh sizes and devices filled in
+    devices: devices_lib.Devices
+    axes: dict[str, int]
+    mesh: Any
+    data: data_lib.Dataset
+    plans: list[layout_lib.WeightPlan]
+    model: models.Built
+    optimizer: Any
+    packer: pipeline_lib.Packer
+    train_feed: pipeline_lib.Feed
+    eval_feed: pipeline_lib.Feed
+    cluster: cluster_lib.Cluster | None = None  # set in a multi-client run
+    # The training split's (x, y) placed on the devices (data.placement), or None.
+    placed: tuple[Any, Any] | None = None
+    # Whether the train step has run in this process (its first call traces and compiles it).
+    compiled: bool = False
+
+    @property
+    def local_device_count(self) -> int:
+        """The devices this process computes on: the mesh's local ones (XLA: the one)."""
+        return 1 if self.mesh is None else self.mesh.num_local_devices()
+
+    @property
+    def xla(self) -> bool:
+        """Whether the steps compile with XLA on plain variables (train.compile; `mesh` None)."""
+        return self.mesh is None
+
+    def checkpoint_objects(self) -> dict[str, Any]:
+        return {"model": self.model.module, "optimizer": self.optimizer.trackable}
+
+
+def prepare(
+    recipe: Recipe,
+    splits: tuple[str, ...] = ("train", "eval"),
+    cluster: cluster_lib.Cluster | None = None,
+    use_devices: int | None = None,
+    devices_key: str = devices_lib.RECIPE_KEY,
+    tokenizer_file: Any = None,
+) -> Session:
+    """Configure devices, then load data and build the model and optimizer on the mesh.
+
+    `splits` (): no data is read, only its shape (for generation).
+    `use_devices`: build the mesh over only the first N of the configured devices (so that one
+    process can compare a 1-device mesh with a multi-device one, as `dtcli doctor` does).
+    With a `cluster` this process is one client of a multi-client run: it configures only its
+    own devices and the mesh spans every client's (the global device list).
+    `devices_key`: how messages name the devices (--devices when the command line gave them).
+    `tokenizer_file`: where the run keeps a language model's tokenizer (rundir.TOKENIZER): read
+    when it is there, else the recipe's tokenizer is made (its `data.tokenizer` to be saved).
+    """
+    want = mesh_lib.device_count_for(recipe.mesh)
+    devices = devices_lib.configure(recipe.devices, want, devices_key, cluster=cluster)
+    if use_devices is not None:
+        devices = devices_lib.Devices(devices.device_type, use_devices)
+    axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
+    _check_batches(recipe, axes)
+    dataset = _load_data(recipe, splits, tokenizer_file)
+    plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
+    mesh = _mesh(recipe, splits, axes, devices, cluster, use_devices)
+    built, optimizer = _model_on_mesh(recipe, dataset, mesh, plans, initial)
+    resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
+    packer = (
+        pipeline_lib.Packer(mesh, recipe.layouts.data_axis) if mesh else pipeline_lib.PlainPacker()
+    )
+    if "train" in splits:
+        _check_steps_per_epoch(recipe, dataset)
+    placed = None
+    if "train" in splits and place_on_device(recipe.data, dataset.train, devices.local_count):
+        placed = packer.place(dataset.train.x), packer.place(dataset.train.y)
+    return Session(
+        resolved,
+        devices,
+        axes,
+        mesh,
+        dataset,
+        plans,
+        built,
+        optimizer,
+        packer,
+        _train_feed(recipe, dataset.train, packer, placed is not None),
+        eval_feed(recipe, dataset.eval, packer),
+        cluster,
+        placed,
+    )
+
+
+def _load_data(recipe: Recipe, splits: tuple[str, ...], tokenizer_file: Any) -> data_lib.Dataset:
+    """The recipe's `splits` read (none: only the data's shape), the batch checked against the
+    training split."""
+    if splits:
+        dataset = data_lib.load(recipe.data, splits, tokenizer_file)
+    else:
+        dataset = data_lib.no_data(recipe.data, tokenizer_file)
+    if "train" in splits:
+        data_lib.check_batch_fits(recipe.data, dataset)
+    return dataset
+
+
+def _mesh(
+    recipe: Recipe,
+    splits: tuple[str, ...],
+    axes: dict[str, int],
+    devices: devices_lib.Devices,
+    cluster: cluster_lib.Cluster | None,
+    use_devices: int | None,
+) -> Any:
+    """The DTensor mesh of `axes`, or None where one device compiles with XLA (plain variables
+    on the one device, no mesh)."""
+    # Generation (no splits) runs its own forward passes on a DTensor mesh.
+    xla = bool(splits) and mesh_lib.compiles_with_xla(
+        recipe.train.compile, axes, 1 if cluster is None else cluster.num_clients
+    )
+    if xla:
+        return None
+    return mesh_lib.build_mesh(
+        axes, devices.device_type, distributed=cluster is not None, count=use_devices
+    )
+
+
+def _check_batches(recipe: Recipe, axes: dict[str, int]) -> None:
+    """The batch sizes divide by the data axis (the recipe checks it where the sizes are known
+    without devices; here the axis has its size)."""
+    data_axis = recipe.layouts.data_axis
+    mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
+    if recipe.data.eval_batch_size:
+        mesh_lib.check_batch(axes, data_axis, recipe.data.eval_batch_size, "data.eval_batch_size")
+    recipe_lib.check_micro_batch(recipe, axes)
+
+
+def _model_on_mesh(
+    recipe: Recipe, dataset: data_lib.Dataset, mesh: Any, plans: list, initial: dict
+) -> tuple[models.Built, Any]:
+    """The model built on the mesh (None: plain variables on the one device), and its
+    optimizer with its slots made (a restore fills them)."""
+    built = models.build(recipe, dataset.input_shape, dataset.num_classes, mesh, plans, initial)
+    optimizer = optimizers.make(built.api, recipe.optimizer, mesh)
+    trainable = {id(v) for v in built.trainable_variables}
+    no_decay = [
+        var
+        for path, var in built.variables.items()
+        if id(var) in trainable and not optimizers.decayed(recipe.optimizer, path)
+    ]
+    optimizer.build(built.trainable_variables, no_decay)
+    return built, optimizer
+
+
+def _check_steps_per_epoch(recipe: Recipe, dataset: data_lib.Dataset) -> None:
+    """A train.steps run's epochs (train.eval_every steps) fit in one pass over the data."""
+    batch_size, t = recipe.data.batch_size, recipe.train
+    steps = t.steps_per_epoch
+    one_pass = pipeline_lib.steps_per_epoch(len(dataset.train), batch_size)
+    if not t.steps or steps <= one_pass:
+        return
+    data = f"the training data ({len(dataset.train)} examples in batches of {batch_size}: "
+    if steps == t.steps:  # eval_every not given (it defaults to train.steps), or set equal
+        raise UsageError(
+            f"recipe key 'train.steps': {steps} steps between evaluations (train.eval_every "
+            f"unset or equal to train.steps) is more than one pass over {data}{one_pass} "
+            f"batches); set train.eval_every to at most {one_pass}"
+        )
+    raise UsageError(
+        f"recipe key 'train.eval_every': {steps} steps is more than one pass over {data}"
+        f"{one_pass} batches); use at most {one_pass}"
+    )
+
+
+def _train_feed(
+    recipe: Recipe, split: Any, packer: pipeline_lib.Packer, on_device: bool
+) -> pipeline_lib.Feed:
+    """The training split read in the recipe's batches, shuffled as it says."""
+    cfg = recipe.data
+    return pipeline_lib.Feed(
+        split,
+        cfg.batch_size,
+        recipe.seed,
+        cfg.shuffle,
+        packer.share(cfg.batch_size),
+        on_device=on_device,
+    )
+
+
+def eval_feed(recipe: Recipe, split: Any, packer: pipeline_lib.Packer) -> pipeline_lib.Feed:
+    """`split` read for evaluation: unshuffled, in eval batches, the last one padded and masked,
+    so that each example counts once."""
+    size = recipe.data.eval_batch_size or recipe.data.batch_size
+    return pipeline_lib.Feed(split, size, recipe.seed, False, packer.share(size))
+
+
+# data.placement auto: the most bytes the copies of a training split on this process's devices
+# may take together (virtual CPUs share host memory; a GPU holds one copy in its own).
+ON_DEVICE_BYTES = 1 << 30
+
+
+def place_on_device(cfg: recipe_lib.DataConfig, split: Any, local_devices: int) -> bool:
+    """Whether the training split lives on the devices (see data.placement)."""
+    if cfg.placement == "host" or not isinstance(split, data_lib.Split):
+        return False
+    if isinstance(split, data_lib.TextSplit):
+        return False  # windows are views of the tokens; a batch copies a few bytes
+    if cfg.placement == "device":
+        return True
+    return (split.x.nbytes + split.y.nbytes) * local_devices <= ON_DEVICE_BYTES
+
+
+def flops_per_token(session: Session) -> float | None:
+    """Training FLOPs per token of dtcli's transformer (None for other models)."""
+    cfg = session.recipe.model.transformer
+    if cfg is None:
+        return None
+    context = session.data.input_shape[0]
+    return models.transformer.flops_per_token(cfg, session.data.num_classes, context)
