@@ -9,10 +9,11 @@ Both kinds are built in two phases so that the result does not depend on the mes
    values, relaid out onto each weight's layout. DTensor's sharded random ops give different
    numbers on different mesh shapes; this way every mesh starts from the same weights.
 
-`model.api` is read in one place, `_kind`: keras.py makes every Keras model (and there chooses
-between the layer list, `model.build` and the transformer), core.py the MLP. Neither module, nor
-transformer.py, imports TensorFlow at import time (gpt_layers.py does, and only transformer.build
-imports it), so `dtcli plan` and `dtcli config` stay free of it until a model is built.
+`model.api` is read in one place, `_kind`: keras.py makes every Keras model (keras_recipe.py
+chooses between the layer list, `model.build` and the transformer), core.py the MLP. None of
+them, nor transformer.py, imports TensorFlow at import time (gpt_layers.py does, and only
+transformer.build imports it), so `dtcli plan` and `dtcli config` stay free of it until a model
+is built.
 """
 
 from __future__ import annotations
