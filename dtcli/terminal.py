@@ -1,6 +1,6 @@
 """The command line's edges that are not commands: Click's usage errors in dtcli's words, a
 closed stdout pipe, shell completion with a SHELL argument, Typer's help panels, Python warnings.
-cli.py builds the app from these; nothing here imports a command."""
+cli/ builds the app from these; nothing here imports a command."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dtcli.stretches import stretch_steps
 
 
 class Engine(Protocol):
-    """What the steps read of a session.Session (a Protocol: session.py imports this module)."""
+    """What the steps read of a session.Session (a Protocol: dtcli.session imports this package)."""
 
     recipe: Recipe
     model: models.Built
