@@ -93,11 +93,7 @@ def run_epoch(
         first = step + 1  # the optimizer's step of block[0]
         if profiler is not None:
             profiler.before_call(first, len(block))
-        called = time.perf_counter()
-        out = train_block(session, train_call, block, getattr(stop, "noticed", None))
-        if not session.compiled:
-            session.compiled = True
-            state.compile_seconds = time.perf_counter() - called
+        out = _call(session, train_call, block, stop, state)
         applied = out["applied"]  # the block's steps whose update was applied (the first ones)
         if profiler is not None:
             profiler.after_call(first + applied - 1)
@@ -113,6 +109,17 @@ def run_epoch(
         if bar is not None:
             _show(bar, state)
     return state
+
+
+def _call(session: Session, train_call: Any, block: list, stop: Any, state: EpochState) -> dict:
+    """One train call of `block`; the process's first (tracing and compiling it) timed into
+    `state.compile_seconds`."""
+    called = time.perf_counter()
+    out = train_block(session, train_call, block, getattr(stop, "noticed", None))
+    if not session.compiled:
+        session.compiled = True
+        state.compile_seconds = time.perf_counter() - called
+    return out
 
 
 def _show(bar: Any, state: EpochState) -> None:
