@@ -94,6 +94,26 @@ def test_no_command_imports_another():
     assert crossing == []
 
 
+# The CLI package's own modules; every other module of it holds commands (docs/architecture.md).
+CLI_FRAME = {"dtcli.cli", "dtcli.cli.__main__", "dtcli.cli.app", "dtcli.cli.entry"}
+CLI_SHARED = "dtcli.cli.options"
+
+
+def test_no_cli_command_module_imports_another():
+    # A command module of cli/ imports the shared options and the library, never another
+    # command module (cli/app.py registers them all).
+    graph = _graph()
+    commands = {m for m in graph if m.startswith("dtcli.cli.")} - CLI_FRAME - {CLI_SHARED}
+    assert commands, "the walker finds the CLI's command modules"
+    crossing = sorted(
+        f"{src} imports {dst}"
+        for src in sorted(commands | {CLI_SHARED})
+        for dst in graph[src]
+        if dst.startswith("dtcli.cli") and dst != CLI_SHARED
+    )
+    assert crossing == []
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import circle in `graph`, as the list of its nodes, or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
