@@ -78,7 +78,7 @@ def _update_fn(session: Engine, measured: bool) -> Any:
 
     def update(out: dict[str, Any], loss: Any, grads: list, apply: Any) -> dict[str, Any]:
         if measured:
-            norm = tf.linalg.global_norm(grads)
+            norm = optimizers.global_norm(grads, variables)
             if cfg.clip_norm is not None:
                 grads, _ = tf.clip_by_global_norm(grads, cfg.clip_norm, use_norm=norm)
             rate = optimizers.learning_rate_at(cfg, optimizer.iterations, total_steps)
