@@ -160,3 +160,27 @@ def test_the_walker_sees_a_circle_and_an_upward_import():
     assert "dtcli.recipe" in graph["dtcli.cli"] or any(
         _component(d) == "recipe" for d in graph["dtcli.plan"]
     )
+
+
+# The tree's size habits (docs/architecture.md): a module that grows past them gets split along
+# a seam, a function that grows past them gets its parts named.
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    modules, functions = {}, {}
+    for name, path in _modules().items():
+        text = path.read_text()
+        modules[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions[f"{name}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return modules, functions
+
+
+def test_modules_and_functions_keep_to_the_size_habits():
+    modules, functions = _sizes()
+    assert len(functions) > 300  # the walker saw the package
+    assert {m: n for m, n in modules.items() if n > MAX_MODULE_LINES} == {}
+    assert {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES} == {}
