@@ -470,6 +470,10 @@ CASES: dict[str, Case] = {
     "tokenizer empty": lm(
         "data.tokenizer=''", expect="recipe key 'data.tokenizer': expected bytes"
     ),
+    "tokenizer BPE without its size": lm(
+        "data.tokenizer=bpe:",
+        expect="--set 'data.tokenizer=bpe:': YAML reads 'bpe:' as a mapping with no value",
+    ),
     "tokenizer BPE too small": lm(
         "data.tokenizer={train: bpe, vocab_size: 100}", expect="data.tokenizer.vocab_size"
     ),
