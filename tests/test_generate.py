@@ -212,3 +212,14 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
     (tmp_path / "p.txt").write_bytes(b"one\r\n\n  \ntwo \xff\n")
     assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt").code == 0
     assert calls[-1][0] == [b"one", b"two \xff"] and calls[-1][1].cache
+
+
+def test_the_rate_line_of_a_short_request_has_no_steady_rate():
+    short = generate.Stats(tokens=0, seconds=0.0, cache=True)
+    for elapsed in (1.0, 1.5):
+        short.add(1, elapsed)
+    assert "nan" not in short.line() and "all of it the first steps" in short.line()
+    long = generate.Stats(tokens=0, seconds=0.0, cache=True)
+    for elapsed in (1.0, 1.5, 2.0, 2.5):
+        long.add(1, elapsed)
+    assert "4.0 after the first 2 steps, which took 1.50 s" in long.line()

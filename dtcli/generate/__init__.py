@@ -137,10 +137,16 @@ class Stats:
 
     def line(self) -> str:
         how = "with the KV cache" if self.cache else "without a cache"
+        # No steady rate when no step followed the first WARM (a short request).
+        steady = (
+            f"{self.steady:.1f} after the first {self.WARM} steps, which took "
+            f"{self.warm_seconds:.2f} s with compiling"
+            if self.steps > self.WARM
+            else "all of it the first steps, compiling included"
+        )
         return (
             f"tokens/s: {self.per_second:.1f} ({self.tokens:,} new tokens in "
-            f"{self.seconds:.2f} s, {how}; {self.steady:.1f} after the first {self.WARM} "
-            f"steps, which took {self.warm_seconds:.2f} s with compiling)"
+            f"{self.seconds:.2f} s, {how}; {steady})"
         )
 
 

@@ -131,4 +131,4 @@ def checkpoint_recipe(
     try:
         return recipe_lib.load(raw, overrides)
     except UsageError as exc:
-        raise UsageError(f"{exc} (recipe stored with {checkpoint})") from None
+        raise UsageError(f"{exc} (recipe stored with {ckpt_lib.shown(checkpoint)})") from None
