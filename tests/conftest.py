@@ -72,6 +72,43 @@ def dtcli(*args: object, timeout: int = 600, cwd: Path | None = None) -> Result:
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+# The files that take longest (seconds of a full run on 2 shared cores, slowest first). xdist
+# hands out whole files (`--dist loadfile`, `--no-loadscope-reorder`) in collection order: the
+# long ones start first and the short ones fill in at the end, so that no worker is left alone
+# with a long file while the other idles (longest-first scheduling). Rough is enough; a file not
+# named here runs after these, in name order.
+SLOWEST_FILES = [
+    "test_language_model.py",
+    "test_rundir.py",
+    "test_tokens.py",
+    "test_launch.py",
+    "test_mesh_invariance.py",
+    "test_train_e2e.py",
+    "test_xla.py",
+    "test_fsdp.py",
+    "test_real_data.py",
+    "test_plan.py",
+    "test_doctor.py",
+    "test_memory.py",
+    "test_accumulate.py",
+    "test_resume_steps.py",
+    "test_generate.py",
+    "test_bad_inputs.py",
+    "test_validation.py",
+    "test_cli_errors.py",
+    "test_train_loop.py",
+]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist, the slowest files first (see SLOWEST_FILES); a file's tests keep their
+    order. A run without xdist keeps pytest's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
+
+
 @pytest.fixture
 def shared_mnist() -> Path:
     if not (SHARED_MNIST / "t10k-images-idx3-ubyte.gz").is_file():

@@ -210,29 +210,40 @@ def test_gpt_trains_the_same_on_any_mesh_sgd_weights(cpu8, text_file):
 def lm_run(cpu8, text_file, tmp_path_factory):
     """In this process, after the sessions above: every train call with a different number of
     steps to run (here 4, 4, 2) once made DTensor lower the call again, and that lowering's
-    functions could clash by name with the first's (see pipeline.Packer.flags)."""
+    functions could clash by name with the first's (see pipeline.Packer.flags).
+
+    Piped (not a terminal), with a plain progress line at every call (not every 10 s), and the
+    user presses Ctrl-C as `done:` appears: one run serves the tests of what a run writes, what
+    it prints, and generation from it (each trained a run of its own before)."""
+    import os
+    import signal
+
     from conftest import run_cli
+
+    from dtcli import progress as progress_lib
+    from dtcli.train import run as run_lib
+
+    original = run_lib.summary
+
+    def summary_then_ctrl_c(*args, **kwargs):
+        original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C as `done:` appears
 
     out = tmp_path_factory.mktemp("lm") / "run"
     sets = [x for s in TINY for x in ("--set", s)]
-    result = run_cli(
-        "train",
-        ROOT / "recipes" / "tiny_gpt.yaml",
-        "--set",
-        f"data.path={text_file}",
-        *sets,
-        "--set",
-        "train.steps=10",
-        "--set",
-        "train.eval_every=4",
-        "--mesh",
-        "batch=8",
-        "--devices",
-        "cpu:8",
-        "--out",
-        out,
-        "--no-progress",
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
+        patch.setattr(run_lib, "summary", summary_then_ctrl_c)
+        result = run_cli(
+            "train",
+            ROOT / "recipes" / "tiny_gpt.yaml",
+            "--set",
+            f"data.path={text_file}",
+            *sets,
+            *("--set", "train.steps=10", "--set", "train.eval_every=4", "--set", "train.keep=1"),
+            *("--set", "train.checkpoint_every=1"),
+            *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
+        )
     assert result.code == 0, result.err
     return out, result
 
@@ -253,7 +264,11 @@ def test_a_steps_run_evaluates_every_eval_every_steps_and_at_the_end(lm_run):
     assert {"loss", "grad_norm", "learning_rate"} <= set(steps[0])
     # logged every 10 steps: step 10, after the 5-step warmup, on the cosine's way down
     assert steps[0]["step"] == 10 and 1e-4 < steps[0]["learning_rate"] < 1e-3
-    assert "step 10/10" in result.err and "tok/s" in result.err
+    # the last evaluation's line (not a progress line): where, losses, the rate
+    assert any(
+        x.startswith("step 10/10 loss ") and " | eval loss " in x and " tok/s" in x
+        for x in result.err_lines
+    ), result.err
 
 
 def test_generate_continues_a_prompt_of_bytes_that_are_not_utf8(lm_run):
@@ -299,41 +314,22 @@ def test_generate_greedy_is_the_same_on_any_mesh_and_sampling_follows_the_seed(l
 
 
 def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_no_error(
-    cpu8, text_file, tmp_path, monkeypatch
+    lm_run, tmp_path
 ):
     """Piped (not a terminal): plain progress lines (step, loss, tok/s, eta); the header counts
     parameters; `done:` names the best evaluation and its checkpoint; a Ctrl-C after `done:`
-    exits 0; recipe.yaml lists no classifier-only key and still resumes and evaluates."""
-    import os
-    import signal
+    exits 0; recipe.yaml lists no classifier-only key and still resumes and evaluates.
+    (lm_run's run, trained in calls of 4, 4 and 2 steps; resumed here in a copy of it.)"""
+    import shutil
 
     from conftest import run_cli
 
-    from dtcli import progress as progress_lib
     from dtcli import recipe as R
     from dtcli.models import transformer
-    from dtcli.train import run as run_lib
 
-    monkeypatch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
-    original = run_lib.summary
-
-    def summary_then_ctrl_c(*args, **kwargs):
-        original(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C as `done:` appears
-
-    monkeypatch.setattr(run_lib, "summary", summary_then_ctrl_c)
     out = tmp_path / "run"
-    sets = [x for s in TINY for x in ("--set", s)]
-    result = run_cli(
-        "train",
-        ROOT / "recipes" / "tiny_gpt.yaml",
-        "--set",
-        f"data.path={text_file}",
-        *sets,
-        *("--set", "train.steps=10", "--set", "train.eval_every=4", "--set", "train.keep=1"),
-        *("--set", "train.checkpoint_every=1", "--set", "train.steps_per_call=2"),
-        *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
-    )
+    shutil.copytree(lm_run[0], out)
+    result = lm_run[1]
     assert result.code == 0, result.err
     lines = result.err_lines
     plain = [x for x in lines if x.startswith("step ") and "| eta " in x]
@@ -351,7 +347,6 @@ def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_
     saved = (out / "recipe.yaml").read_text()
     for key in ("shape:", "classes:", "flatten:", "image_key:", "label_key:", "encoding:"):
         assert key not in saved, key
-    monkeypatch.setattr(run_lib, "summary", original)
     resumed = run_cli("train", "--resume", out, "--set", "train.steps=16", "--no-progress")
     assert resumed.code == 0, resumed.err
     assert R.load(out / "recipe.yaml").train.steps == 16
