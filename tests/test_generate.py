@@ -222,4 +222,4 @@ def test_the_rate_line_of_a_short_request_has_no_steady_rate():
     long = generate.Stats(tokens=0, seconds=0.0, cache=True)
     for elapsed in (1.0, 1.5, 2.0, 2.5):
         long.add(1, elapsed)
-    assert "4.0 after the first 2 steps, which took 1.50 s" in long.line()
+    assert "2.0 after the first 2 steps, which took 1.50 s" in long.line()  # 2 in 1 s
