@@ -10,13 +10,13 @@ import math
 
 import pytest
 from conftest import RECIPES, run_cli, run_python
+from test_language_model import SPLIT_EMBEDDINGS
 
 from dtcli import memory, recipe
 from dtcli.errors import UsageError
 from dtcli.models import transformer
 
 GPT_TP = str(RECIPES / "tiny_gpt_tensor_parallel.yaml")
-SPLIT_EMBEDDINGS = {r"(token|position)_embedding\.embeddings": ["unsharded", "model"]}
 SMALL_GPT = {"layers": 2, "d_model": 32, "heads": 4, "mlp_ratio": 4, "context": 16}
 # Every weight sharded on the data axis by plain rules (DTENSOR_NOTES.md, "FSDP by layouts").
 FSDP_RULES = {

@@ -109,3 +109,13 @@ def profile_steps(text: str | None) -> tuple[int, int] | None:
             "(like 10:20)"
         )
     return int(found.group(1)), int(found.group(2))
+
+
+def checked_run_options(
+    out: str | None, resume: str | None, connect_timeout: float, grace: float, profile: str | None
+) -> tuple[int, int] | None:
+    """The checks of the options `train` and `launch` share; returns --profile's steps."""
+    check_folders(out=out, resume=resume)
+    check_timeout(connect_timeout)
+    check_grace(grace)
+    return profile_steps(profile)

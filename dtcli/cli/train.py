@@ -16,11 +16,8 @@ from dtcli.cli.options import (
     OutOption,
     ProfileOption,
     SetOption,
-    check_folders,
-    check_grace,
-    check_timeout,
+    checked_run_options,
     overrides,
-    profile_steps,
 )
 
 
@@ -55,11 +52,8 @@ def train(
     from dtcli import memory as memory_lib
     from dtcli import train as train_lib
 
-    check_folders(out=out, resume=resume)
+    steps = checked_run_options(out, resume, connect_timeout, grace_period, profile)
     cluster = cluster_lib.from_args(client_id, jobs)
-    check_timeout(connect_timeout)
-    check_grace(grace_period)
-    steps = profile_steps(profile)
     budget = memory_lib.budget_from_args(memory, no_memory_check)
     run_dir = train_lib.command(
         recipe,
@@ -107,10 +101,7 @@ def launch(
     from dtcli import launch as launch_lib
     from dtcli import memory as memory_lib
 
-    check_folders(out=out, resume=resume)
-    check_timeout(connect_timeout)
-    check_grace(grace_period)
-    steps = profile_steps(profile)
+    steps = checked_run_options(out, resume, connect_timeout, grace_period, profile)
     launch_plan = launch_lib.plan(
         recipe,
         clients,
