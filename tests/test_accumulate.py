@@ -42,11 +42,7 @@ MESHES = {"batch=1": 1, "batch=4,model=2": None}  # the mesh -> use_devices
 
 
 def mlp_session(mesh: str, opt: str, n: int, extra: tuple[str, ...] = ()) -> T.Session:
-    # DTensor on one device too: after XLA compiled this file's nested loops (the K steps and
-    # the micro-batches) in this process, DTensor's lowering of the next nested loop on a mesh
-    # failed twice in the suite ("Cannot add function 'while/while5_cond' because a different
-    # function with the same name already exists"). A run is one process; tests/test_xla.py
-    # checks XLA with accumulation.
+    # DTensor on one device too: tests/test_xla.py checks XLA with accumulation.
     sets = [*MLP, *OPTIMIZERS[opt], f"train.accumulate={n}", "train.compile=dtensor", *extra]
     recipe = R.load(RECIPES / "quickstart.yaml", R.Overrides(sets, mesh, "cpu:8"))
     return T.prepare(recipe, splits=("train",), use_devices=MESHES[mesh])

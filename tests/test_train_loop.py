@@ -167,3 +167,53 @@ def test_weights_start_as_on_the_host_and_the_first_call_runs_one_step(cpu8):
         assert state.batch == steps
     assert calls == [(1, 1), (2, 16), (18, 16), (34, 12), (46, 16), (62, 16), (78, 13)]
     assert int(s.optimizer.iterations.numpy()) == 2 * steps == 90
+
+
+# In a fresh process DTensor's lowering names its first outlined loop body `while_body`, the
+# next `while1_body`, and so on (the names that clashed in the suite: DTENSOR_NOTES). Another
+# function registered under such a name makes that lowering fail as it did there.
+CLASH = """
+    import json
+    from dtcli import devices
+    devices.configure("cpu:2", 2)
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    from dtcli import recipe as R, session as T, steps as steps_lib
+
+    def take(names):
+        for name in names:
+            fdef = tf.function(lambda x: x * 3.0).get_concrete_function(
+                tf.TensorSpec([], tf.float32)).function_def
+            fdef.signature.name = name
+            context.context().add_function_def(fdef)
+
+    def train():
+        sets = ["data.train_range=[0,64]", "data.batch_size=32", "train.compile=dtensor"]
+        recipe = R.load("recipes/quickstart.yaml", R.Overrides(sets, "batch=2", "cpu:2"))
+        s = T.prepare(recipe, splits=("train",))
+        call, _ = steps_lib.make_steps(s)
+        try:
+            out = steps_lib.train_block(s, call, list(s.train_feed.epoch(0, 0, 2)))
+            return {"loss": out["loss"].tolist(), "applied": out["applied"]}
+        except tf.errors.InvalidArgumentError as exc:
+            return {"error": str(exc).splitlines()[0]}
+
+    take(["while_body", "while1_body"])
+    clashed = train()
+    # The lowerings after it take the next free names, none taken; then all of them are.
+    plain = train()
+    take([f"while{i}_body" for i in range(3, 40)])
+    print(json.dumps([clashed, plain, train()]))
+"""
+
+
+def test_a_lowering_that_clashes_by_name_with_an_earlier_one_is_traced_again():
+    """The first two lowerings' loop names taken by other functions: the third trace trains,
+    to the same losses as a lowering that did not clash; every name taken: after three tries
+    the clash is raised."""
+    from conftest import run_python
+
+    clashed, plain, refused = run_python(CLASH)
+    assert plain["applied"] == 2
+    assert clashed == plain
+    assert "Cannot add function 'while" in refused["error"]

@@ -53,9 +53,7 @@ def gpt(text_file) -> list[str]:
 ADAM = ["optimizer.name=adam", "optimizer.learning_rate=0.01", "optimizer.momentum=0.0"]
 MODELS = {
     # dtcli's GPT (embeddings, LayerNorm, attention, tied head), with AdamW, clipping, a
-    # cosine schedule and gradient accumulation (nested loops). A DTensor name clash once
-    # followed it in test_accumulate.py ("Cannot add function 'while/while5_cond' ... already
-    # exists"); it did not come back in 3 runs of the pair (and the full suite) since.
+    # cosine schedule and gradient accumulation (nested loops)
     "gpt": ("tiny_gpt.yaml", gpt),
     # tf-keras layers (the quick start's layer list) with Adam, on the embedded digits
     "keras_mlp": ("quickstart.yaml", lambda _: ADAM),

@@ -42,10 +42,42 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     # the loss become a few fused kernels instead of thousands of op launches (see
     # bench/nanogpt.py). DTensor's own jit_compile compiles nothing (DTENSOR_NOTES).
     xla = session.packer.mesh is None
-    return (
-        tf.function(train_call, autograph=autograph, jit_compile=xla or None),
-        tf.function(eval_step, autograph=autograph, jit_compile=xla or None),
+    return tuple(
+        Relowered(lambda fn=fn: tf.function(fn, autograph=autograph, jit_compile=xla or None))
+        for fn in (train_call, eval_step)
     )
+
+
+# DTensor's lowering names the functions it outlines from loops and conds after a cache keyed by
+# an op's address, which outlives the op: a later lowering in the same process can reuse a name
+# (`while/while7_body`) that an earlier one registered with another body, and fails. A new trace
+# lowers anew under other names (DTENSOR_NOTES). Seen in the test suite, where one process
+# compiles dozens of steps; a run compiles one.
+NAME_CLASH = "because a different function with the same name already exists"
+LOWERING_TRIES = 3
+
+
+class Relowered:
+    """A `tf.function` made by `make()`, made again (a new trace, a new lowering) when calling
+    it fails on a function name clash of DTensor's lowering; at most LOWERING_TRIES calls.
+    The clash fails the lowering, before anything runs: nothing was updated."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._function = make()
+
+    def __call__(self, *args: Any) -> Any:
+        import tensorflow as tf
+
+        tries = 1
+        while True:
+            try:
+                return self._function(*args)
+            except tf.errors.InvalidArgumentError as exc:
+                if NAME_CLASH not in str(exc) or tries == LOWERING_TRIES:
+                    raise
+            tries += 1
+            self._function = self._make()
 
 
 def _train_call_fn(session: Engine, language_model: bool) -> Any:
