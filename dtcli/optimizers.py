@@ -148,7 +148,42 @@ class KerasOptimizer:
         decay alike; None keeps the optimizer's own."""
         if learning_rate is not None:
             self.impl.learning_rate = learning_rate
-        self.impl.apply_gradients(zip(grads, variables))
+        if self.cfg.name == "sgd" or any(v.constraint is not None for v in variables):
+            self.impl.apply_gradients(zip(grads, variables))
+        else:
+            self._apply_adam(grads, variables)
+
+    def _apply_adam(self, grads: list, variables: list) -> None:
+        """tf-keras' Adam / AdamW update on its own slots, term for term, with the scalars
+        computed once per step instead of once per weight.
+
+        tf-keras reads the rate and the step and computes the bias corrections for each
+        weight, about 12 scalar ops each, every one run on every device of a mesh. Measured
+        (bench/variants.py, 120 steps, alternated with the previous code): the first call of
+        the tensor-parallel GPT 14.0 -> 12.8 s, of the one-device GPT 9.3 -> 8.6 s; step time
+        and eval loss unchanged (the loss equal to the bit). `ResourceApplyAdam`, one kernel
+        per weight, gave no faster step and crashed DTensor's lowering (LLVM ERROR: Failed to
+        infer result type(s): "tf.Sqrt")."""
+        import tensorflow as tf
+
+        impl, cfg = self.impl, self.cfg
+        lr = tf.cast(impl.learning_rate, tf.float32)
+        step = tf.cast(impl.iterations + 1, tf.float32)
+        beta_1_power = tf.pow(tf.constant(cfg.beta_1, tf.float32), step)
+        beta_2_power = tf.pow(tf.constant(cfg.beta_2, tf.float32), step)
+        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        if cfg.name == "adamw" and cfg.weight_decay:
+            wd = tf.constant(cfg.weight_decay, tf.float32)
+            for variable in variables:
+                if impl._use_weight_decay(variable):
+                    variable.assign_sub(variable * wd * lr)
+        for grad, variable in zip(grads, variables):
+            index = impl._index_dict[impl._var_key(variable)]
+            m, v = impl._momentums[index], impl._velocities[index]
+            m.assign_add((grad - m) * (1 - cfg.beta_1))
+            v.assign_add((tf.square(grad) - v) * (1 - cfg.beta_2))
+            variable.assign_sub((m * alpha) / (tf.sqrt(v) + cfg.epsilon))
+        impl.iterations.assign_add(1)
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
         """After a restore: the recipe's values take effect. tf-keras keeps the learning rate in
@@ -213,6 +248,8 @@ class CoreOptimizer:
         slots = self.module.slots
         step = tf.cast(self.module.iterations + 1, tf.float32)
         lr = tf.constant(cfg.learning_rate, tf.float32) if learning_rate is None else learning_rate
+        # Once per step, not per weight (as KerasOptimizer._apply_adam).
+        alpha = lr * tf.sqrt(1.0 - tf.pow(cfg.beta_2, step)) / (1.0 - tf.pow(cfg.beta_1, step))
         for i, (g, var) in enumerate(zip(grads, variables)):
             if cfg.name == "sgd":
                 if cfg.momentum:
@@ -225,7 +262,6 @@ class CoreOptimizer:
             m, v = slots[f"v{i}_m"], slots[f"v{i}_v"]
             if cfg.name == "adamw" and id(var) not in self.no_decay:
                 var.assign_sub(var * cfg.weight_decay * lr)
-            alpha = lr * tf.sqrt(1.0 - tf.pow(cfg.beta_2, step)) / (1.0 - tf.pow(cfg.beta_1, step))
             m.assign_add((g - m) * (1.0 - cfg.beta_1))
             v.assign_add((tf.square(g) - v) * (1.0 - cfg.beta_2))
             var.assign_sub((m * alpha) / (tf.sqrt(v) + cfg.epsilon))
