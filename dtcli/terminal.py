@@ -89,6 +89,8 @@ def usage_line(exc: Exception) -> str:
     """Click's usage error as one line; a value an option's type refuses (`--epochs abc`) in
     dtcli's words: the option, the value, what was expected."""
     param, cause = getattr(exc, "param", None), exc.__cause__
+    if type(exc).__name__ == "MissingParameter" and param is not None:
+        return missing_line(param)
     errors = cause.errors() if hasattr(cause, "errors") else []
     if param is not None and getattr(param, "opts", None) and errors:
         expected = {"int": "an integer", "float": "a number"}.get(errors[0]["type"].split("_")[0])
@@ -96,6 +98,19 @@ def usage_line(exc: Exception) -> str:
             name = max(param.opts, key=len)
             return f"{name} {str(errors[0].get('input'))!r}: expected {expected}"
     return exc.format_message().replace("\n", " ")
+
+
+def missing_line(param: Any) -> str:
+    """A required argument or option not given, named as --help shows it, with its help:
+    `CHECKPOINT: missing; expected a run directory or one checkpoint folder`."""
+    if getattr(param, "param_type_name", "") == "option":
+        name = max(param.opts, key=len)
+    else:
+        name = (param.name or "argument").upper()
+    text = (getattr(param, "help", None) or "").strip().rstrip(".")
+    if not text:
+        return f"{name}: missing"
+    return f"{name}: missing; expected {text[0].lower()}{text[1:]}"
 
 
 def completion_shells(args: list[str]) -> list[str]:

@@ -844,12 +844,12 @@ CASES: dict[str, Case] = {
         "eval", "{run}", *s("data.nme=x"), expect="unknown recipe key 'data.nme'"
     ),
     "eval set model": c("eval", "{run}", *s("model.layers=[{Dense: {units: 10}}]"), expect="model"),
-    "eval no argument": c("eval", expect="Missing argument 'checkpoint'"),
+    "eval no argument": c("eval", expect="CHECKPOINT: missing; expected a run directory"),
     # ---- export
     "export missing": c(
         "export", "{tmp}/nope", "--out", "{tmp}/sm", expect="no such file or folder"
     ),
-    "export no out": c("export", "{run}", expect="--out"),
+    "export no out": c("export", "{run}", expect="--out: missing; expected a folder"),
     "export out a file": c(
         "export", "{run}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")
     ),
@@ -872,7 +872,7 @@ CASES: dict[str, Case] = {
     },
     # ---- plan
     "plan missing recipe": c("plan", "{tmp}/nope.yaml", expect="no such file"),
-    "plan no recipe": c("plan", expect="Missing argument 'recipe'"),
+    "plan no recipe": c("plan", expect="RECIPE: missing; expected the recipe YAML file"),
     "plan bad set": c("plan", "{q}", *s("model.api=torch"), expect="model.api"),
     "plan bad mesh": c(
         "plan", "{q}", "--mesh", "batch=16", "--devices", "cpu:8", expect="multiply to 16"
@@ -914,7 +914,7 @@ CASES: dict[str, Case] = {
     ),
     # ---- plot
     "plot missing run": c("plot", "{tmp}/nope", expect="no such folder"),
-    "plot no run": c("plot", expect="Missing argument 'run_dirs'"),
+    "plot no run": c("plot", expect="RUN_DIRS: missing; expected one or more run directories"),
     "plot run without metrics": c("plot", "{tmp}/e", expect="metrics", setup=folder_at("e")),
     "plot a file": c(
         "plot", "{tmp}/f", expect="RUN_DIR '{tmp}/f': not a folder", setup=file_at("f")
@@ -952,7 +952,9 @@ CASES: dict[str, Case] = {
         setup=file_at("g/metrics.jsonl", "{not json\n[1,\n"),
     ),
     # ---- launch
-    "launch no clients": c("launch", "{q}", expect="--clients"),
+    "launch no clients": c("launch", "{q}", expect="--clients: missing; expected how many"),
+    "generate no argument": c("generate", expect="CHECKPOINT: missing; expected a language"),
+    "prepare-text no source": c("prepare-text", expect="SOURCE: missing; expected a text"),
     "launch clients zero": c("launch", "{q}", "--clients", "0", expect="--clients"),
     "launch clients negative": c("launch", "{q}", "--clients", "-2", expect="--clients"),
     "launch clients a word": c("launch", "{q}", "--clients", "two", expect="--clients"),

@@ -90,7 +90,7 @@ def generate(
 
 def export(
     checkpoint: str = typer.Argument(..., help="A run directory or one checkpoint folder."),
-    out: str = typer.Option(..., "--out", help="Folder for the SavedModel."),
+    out: str = typer.Option(..., "--out", help="A folder for the SavedModel (new or empty)."),
 ) -> None:
     """Export a checkpoint as a SavedModel serving plain tensors on one device."""
     from dtcli import export as export_lib
