@@ -298,3 +298,22 @@ def test_a_closed_stderr_pipe_does_not_stop_or_remove_the_run(tmp_path):
         "ckpt-00000006",
     ]
     assert "done:" in (out / "train.log").read_text()
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_ctrl_c_before_training_handles_it_says_interrupted_and_exits_130(
+    debug, monkeypatch, cli
+):
+    """A Ctrl-C during the plan's own work (as during an import or a session's build) reaches
+    Typer, which returns 130 without a word: dtcli says it was interrupted."""
+    from dtcli import plan as plan_lib
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_lib, "make_report", interrupted)
+    r = cli("plan", RECIPES / "quickstart.yaml", *(["--debug"] if debug else []))
+    assert r.returncode == 130
+    assert r.stderr.strip().splitlines()[-1] == "error: interrupted"
+    if not debug:
+        assert "Traceback" not in r.stderr
