@@ -65,6 +65,25 @@ def global_norm(grads: list, variables: list) -> Any:
     return tf.sqrt(tf.add_n(sums))
 
 
+def adam_alpha(cfg: OptimizerConfig, lr: Any, step: Any) -> Any:
+    """Adam's step size at 1-based step `step` (float32), both bias corrections in it, as
+    tf-keras computes it: once per step, shared by every weight's update."""
+    import tensorflow as tf
+
+    beta_1_power = tf.pow(tf.constant(cfg.beta_1, tf.float32), step)
+    beta_2_power = tf.pow(tf.constant(cfg.beta_2, tf.float32), step)
+    return lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+
+
+def adam_update(cfg: OptimizerConfig, grad: Any, variable: Any, m: Any, v: Any, alpha: Any) -> None:
+    """One weight's Adam update on its slots m and v, tf-keras' dense update term for term."""
+    import tensorflow as tf
+
+    m.assign_add((grad - m) * (1 - cfg.beta_1))
+    v.assign_add((tf.square(grad) - v) * (1 - cfg.beta_2))
+    variable.assign_sub((m * alpha) / (tf.sqrt(v) + cfg.epsilon))
+
+
 def slot_names(cfg: OptimizerConfig) -> tuple[str, ...]:
     """The optimizer's slots per trainable weight (Core keys them `v{i}_{name}`)."""
     if cfg.name == "sgd" and not cfg.momentum:
@@ -168,10 +187,7 @@ class KerasOptimizer:
 
         impl, cfg = self.impl, self.cfg
         lr = tf.cast(impl.learning_rate, tf.float32)
-        step = tf.cast(impl.iterations + 1, tf.float32)
-        beta_1_power = tf.pow(tf.constant(cfg.beta_1, tf.float32), step)
-        beta_2_power = tf.pow(tf.constant(cfg.beta_2, tf.float32), step)
-        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        alpha = adam_alpha(cfg, lr, tf.cast(impl.iterations + 1, tf.float32))
         if cfg.name == "adamw" and cfg.weight_decay:
             wd = tf.constant(cfg.weight_decay, tf.float32)
             for variable in variables:
@@ -179,10 +195,7 @@ class KerasOptimizer:
                     variable.assign_sub(variable * wd * lr)
         for grad, variable in zip(grads, variables):
             index = impl._index_dict[impl._var_key(variable)]
-            m, v = impl._momentums[index], impl._velocities[index]
-            m.assign_add((grad - m) * (1 - cfg.beta_1))
-            v.assign_add((tf.square(grad) - v) * (1 - cfg.beta_2))
-            variable.assign_sub((m * alpha) / (tf.sqrt(v) + cfg.epsilon))
+            adam_update(cfg, grad, variable, impl._momentums[index], impl._velocities[index], alpha)
         impl.iterations.assign_add(1)
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
@@ -248,8 +261,7 @@ class CoreOptimizer:
         slots = self.module.slots
         step = tf.cast(self.module.iterations + 1, tf.float32)
         lr = tf.constant(cfg.learning_rate, tf.float32) if learning_rate is None else learning_rate
-        # Once per step, not per weight (as KerasOptimizer._apply_adam).
-        alpha = lr * tf.sqrt(1.0 - tf.pow(cfg.beta_2, step)) / (1.0 - tf.pow(cfg.beta_1, step))
+        alpha = None if cfg.name == "sgd" else adam_alpha(cfg, lr, step)
         for i, (g, var) in enumerate(zip(grads, variables)):
             if cfg.name == "sgd":
                 if cfg.momentum:
@@ -262,9 +274,7 @@ class CoreOptimizer:
             m, v = slots[f"v{i}_m"], slots[f"v{i}_v"]
             if cfg.name == "adamw" and id(var) not in self.no_decay:
                 var.assign_sub(var * cfg.weight_decay * lr)
-            m.assign_add((g - m) * (1.0 - cfg.beta_1))
-            v.assign_add((tf.square(g) - v) * (1.0 - cfg.beta_2))
-            var.assign_sub((m * alpha) / (tf.sqrt(v) + cfg.epsilon))
+            adam_update(cfg, g, var, m, v, alpha)
         self.module.iterations.assign_add(1)
 
     @property

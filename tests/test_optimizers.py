@@ -33,9 +33,9 @@ def weights_and_grads(mesh, seed: int = 0):
             grads.append([tf.constant(g) for g in steps])
             continue
         layout = dtensor.Layout(specs or ["unsharded"] * len(shape), mesh)
-        weights.append(dtensor.DVariable(dtensor.copy_to_mesh(value, dtensor.Layout.replicated(
-            mesh, len(shape))), name=name))  # fmt: skip
-        weights[-1] = dtensor.DVariable(dtensor.relayout(weights[-1].read_value(), layout))
+        whole = dtensor.Layout.replicated(mesh, len(shape))
+        weights.append(dtensor.DVariable(
+            dtensor.relayout(dtensor.copy_to_mesh(value, whole), layout), name=name))  # fmt: skip
         grads.append([dtensor.relayout(dtensor.copy_to_mesh(
             g, dtensor.Layout.replicated(mesh, len(shape))), layout) for g in steps])  # fmt: skip
     return weights, [list(step) for step in zip(*grads)]
@@ -96,7 +96,7 @@ def test_the_gradient_norm_summed_once_per_split_is_the_global_norm(cpu8):
     mesh = dtensor.create_mesh([("batch", 2), ("model", 2)], device_type="CPU", devices=[
         f"CPU:{i}" for i in range(4)])  # fmt: skip
     weights, grads = weights_and_grads(mesh)
-    plain_weights, plain_grads = weights_and_grads(None)
+    _, plain_grads = weights_and_grads(None)
     got = float(tf.function(optimizers.global_norm)(grads[0], weights))
     want = float(tf.linalg.global_norm(plain_grads[0]))
     assert got == pytest.approx(want, rel=1e-6)
