@@ -1,5 +1,6 @@
-"""`dtcli doctor` passes on a sound installation and fails, naming the check, when the all-reduce
-combining flag is forced on; `dtcli train` refuses to run with that flag."""
+"""`dtcli doctor` passes on a sound installation (DTensor's all-reduce combining on, as dtcli runs
+it) and fails, naming the checks, when a flag that gives wrong numbers is set; `dtcli train`
+refuses to run with that flag."""
 
 from __future__ import annotations
 
@@ -35,15 +36,13 @@ def test_doctor_passes_here(cli, monkeypatch):
 
 
 @pytest.mark.slow
-def test_doctor_fails_when_all_reduce_combining_is_forced_on():
-    proc = doctor({"DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION": "1"})
+def test_doctor_fails_when_multi_device_expansion_is_forced_on():
+    proc = doctor({"DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION": "1"})
     assert proc.returncode == 1
     failed = proc.stderr.strip().splitlines()[-1]
     assert failed.startswith("doctor: ")
-    assert "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION" in failed
-    # Not only the flag check: the fused-step probe sees the wrong numbers itself. (dtcli's own
-    # step, its update inside a tf.cond in a loop of K steps, measured right even with the flag
-    # on; train refuses the flag all the same, below.)
+    assert "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION" in failed
+    # Not only the flag check: the fused-step probe sees the wrong numbers itself.
     assert "probe: DTensor runtime (fused step)" in failed
     # dtcli's own probes would say nothing on a runtime that is wrong already: not run, and said
     assert "probe: dtcli train steps" in failed and "not run: DTensor's own" in proc.stdout
@@ -65,11 +64,11 @@ def test_train_refuses_the_flag_that_gives_wrong_weights(tmp_path):
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={**env(), "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION": "1"},
+        env={**env(), "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION": "1"},
     )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(
-        "error: environment DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION=1"
+        "error: environment DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION=1"
     )
     assert not out.exists()

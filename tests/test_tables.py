@@ -77,7 +77,7 @@ def test_a_pipe_gets_plain_complete_rows_one_a_line():
 def test_doctor_keeps_dtensor_names_whole_at_80_columns():
     checks = [
         doctor.Check(
-            "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION", True, "0 (all-reduce combining off)"
+            "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION", True, "'1' (all-reduce combining on)"
         ),
         doctor.Check("probe: dtcli keras + adamw", True, "1 device vs batch=1,model=2 " * 4),
     ]

@@ -77,6 +77,7 @@ def _update_fn(session: Engine, measured: bool) -> Any:
     total_steps = session.recipe.train.steps or session.recipe.train.epochs * epoch_steps(session)
 
     def update(out: dict[str, Any], loss: Any, grads: list, apply: Any) -> dict[str, Any]:
+        grads = _as_weights(grads, variables, session.packer.mesh)
         if measured:
             norm = optimizers.global_norm(grads, variables)
             if cfg.clip_norm is not None:
@@ -85,11 +86,7 @@ def _update_fn(session: Engine, measured: bool) -> Any:
         finite = tf.math.is_finite(loss)
 
         def apply_grads() -> Any:
-            # All gradients before any update. This barrier alone does NOT make the step right
-            # with DTensor's all-reduce combining pass on (measured: 1e-2 off after 5 steps on
-            # batch=4,model=2); dtcli turns the pass off and `train` refuses to run with it on.
-            with tf.control_dependencies(grads):
-                optimizer.apply(grads, variables, rate if measured else None)
+            optimizer.apply(grads, variables, rate if measured else None)
             return tf.constant(True)
 
         applied = tf.cond(
@@ -108,6 +105,24 @@ def _update_fn(session: Engine, measured: bool) -> Any:
     return update
 
 
+def _as_weights(grads: list, variables: list, mesh: Any) -> list:
+    """Each gradient laid out as its weight, before the update (on a mesh).
+
+    DTensor's all-reduce combining pass (on, see tfruntime) merges a block's independent
+    all-reduces and then reorders the block by data alone: a write of a variable can move past
+    a read of it. The update writes the slots and reads them back (Adam: m, then m * alpha), so
+    it must hold no collective; a gradient laid out unlike its weight (a replicated bias of a
+    split kernel: its gradient is split) would be gathered inside it. Laid out here, the
+    collectives run before the update's branch. Without this, a model-split MLP with replicated
+    biases ended 1.09 (relative) away from one device on batch=4,model=2 and model=8
+    (tests/test_mesh_invariance.py's functional and subclassed cases)."""
+    if mesh is None:
+        return grads
+    from tensorflow.experimental import dtensor
+
+    return [dtensor.relayout(g, v.layout) for g, v in zip(grads, variables)]
+
+
 def _dense(grads: list) -> list:
     """Embedding lookups give IndexedSlices; DTensor cannot lay out their scatter update."""
     import tensorflow as tf
@@ -124,7 +139,6 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
     on the sum once; a non-finite loss in any micro-batch makes the step's loss non-finite,
     so the update is not applied."""
     import tensorflow as tf
-    from tensorflow.experimental import dtensor
 
     model = session.model
     variables = model.trainable_variables
@@ -145,9 +159,7 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
                 part, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
             )
             # A loop variable keeps one layout through the loop: the variable's, as its zeros.
-            grads = _dense(grads)
-            if session.packer.mesh is not None:
-                grads = [dtensor.relayout(g, v.layout) for g, v in zip(grads, variables)]
+            grads = _as_weights(_dense(grads), variables, session.packer.mesh)
             return (
                 j + 1,
                 loss + part,
