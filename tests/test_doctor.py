@@ -33,6 +33,9 @@ def test_doctor_passes_here(cli, monkeypatch):
     assert len(rows) == 7  # the runtime probe + 2 APIs x 3 optimizers
     assert all(" ok " in row for row in rows), proc.stdout
     assert "FAIL" not in proc.stdout
+    # This process, and so every in-process test of the same numbers on any mesh, runs with
+    # DTensor's all-reduce combining on, as `dtcli train` does (see tfruntime).
+    assert "'1' (all-reduce combining on" in proc.stdout
 
 
 @pytest.mark.slow

@@ -154,7 +154,9 @@ def train_20(text_file, mesh, sets=()):
     from dtcli import models
     from dtcli import session as T
 
-    recipe = tiny_recipe(text_file, sets, mesh)
+    # One device on DTensor too, as the meshes: XLA's own compile would add ~20 s here, and
+    # test_xla.py holds XLA to DTensor's numbers on this GPT.
+    recipe = tiny_recipe(text_file, (*sets, "train.compile=dtensor"), mesh)
     s = T.prepare(recipe, use_devices=1 if mesh == "batch=1" else None)
     losses = T.run_steps(s, 20)
     return losses, models.host_weights(s.model, s.mesh), s

@@ -209,7 +209,7 @@ CLASH = """
 
 def test_a_lowering_that_clashes_by_name_with_an_earlier_one_is_traced_again():
     """The first two lowerings' loop names taken by other functions: the third trace trains,
-    to the same losses as a lowering that did not clash; every name taken: after three tries
+    to the same losses as a lowering that did not clash; every name taken: after four tries
     the clash is raised."""
     from conftest import run_python
 
