@@ -1,6 +1,7 @@
 """One recipe, the same numbers on any mesh: 20 steps on 1 device, batch=8, batch=4 x model=2 and
-model=8 end with the same weights and losses, for Keras Sequential, Functional and subclassed models, a CNN, and
-the Core-API MLP, and for the streamed sources (TFRecord files, an image folder).
+model=8 end with the same weights and losses, for Keras Sequential, Functional and subclassed
+models, a CNN, and the Core-API MLP, and for the streamed sources (TFRecord files, an image
+folder).
 
 Mesh-dependent initialization would fail it, and so would DTensor's all-reduce combining pass
 reordering an update: with a gradient gathered inside the update (before steps/step.py laid each
