@@ -6,6 +6,7 @@ console script in a fresh process, to check the exit code reaches the shell.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,21 @@ def test_a_ctrl_c_before_training_handles_it_says_interrupted_and_exits_130(
     assert r.stderr.strip().splitlines()[-1] == "error: interrupted"
     if not debug:
         assert "Traceback" not in r.stderr
+
+
+def test_a_ctrl_c_while_the_command_line_imports_says_interrupted_and_exits_130(
+    monkeypatch, capsys
+):
+    """The console script's first ~0.3 s import typer, rich and the commands: a Ctrl-C there
+    (here: raised by that import) is the same one line and 130, not Python's traceback."""
+    import dtcli.cli
+
+    class Interrupting:
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "dtcli.cli.entry", Interrupting())
+    with pytest.raises(SystemExit) as exited:
+        dtcli.cli.main()
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted\n"

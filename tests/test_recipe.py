@@ -375,9 +375,9 @@ def test_overrides_apply_in_the_order_the_options_were_always_applied():
 def test_overrides_to_argv_round_trips_through_dtcli_train(overrides):
     import typer
 
-    from dtcli import cli
+    from dtcli.cli.app import app
 
-    train = typer.main.get_command(cli.app).commands["train"]
+    train = typer.main.get_command(app).commands["train"]
     params = train.make_context("train", ["r.yaml", *overrides.to_argv()]).params
     parsed = R.Overrides(params["sets"] or (), params["mesh"], params["devices"], params["epochs"])
     assert parsed == overrides
