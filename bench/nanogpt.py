@@ -1,25 +1,37 @@
 """dtcli's tiny_gpt.yaml against nanoGPT's own train.py: ms/step on the same machine, side by side.
 
-nanoGPT is the peer a user would pick for a small GPT on a CPU. This runs its unchanged
-`train.py` (../shared/peers/nanogpt, PyTorch on the CPU) at its README's CPU settings (4 layers,
-4 heads, 128 wide, context 64, batch 12, no dropout, AdamW with warmup, cosine decay and
-clipping), once with `compile=False` as that line says and once with `compile=True`, and
-`dtcli train recipes/tiny_gpt.yaml` (the same model, optimizer and schedule), each in a fresh
-process with the same thread count, alternated so that machine noise hits all rows alike.
+nanoGPT is the peer a user would pick for a small GPT. This runs its unchanged `train.py`
+(../shared/peers/nanogpt) and `dtcli train recipes/tiny_gpt.yaml` (the same model, optimizer and
+schedule), each in a fresh process, alternated so that machine noise hits all rows alike.
+
+On the CPU (`--device cpu`, the default): nanoGPT's README CPU settings (4 layers, 4 heads, 128
+wide, context 64, batch 12, no dropout, AdamW with warmup, cosine decay and clipping), once with
+`compile=False` as that line says and once with `compile=True`, both with the same thread count.
+
+On a GPU (`--device gpu`): nanoGPT's GPU settings, its config/train_shakespeare_char.py unchanged
+(6 layers, 6 heads, 384 wide, context 256, batch 64, dropout 0.2, bfloat16 autocast, fused AdamW,
+flash attention) with `compile=True` (its default) and `compile=False`; dtcli the same model on
+`--devices gpu` with `train.precision=bf16`, its steps compiled by XLA (`train.compile: auto` on
+one device) and, as a second dtcli row, by DTensor (`train.compile=dtensor`). Adds tokens/s and
+the MFU of each: its model's training FLOPs per token (6 per matmul weight plus attention, the
+formula nanoGPT's own MFU uses) times tokens/s over the GPU's dense bf16 peak.
 
 The same arithmetic, with one difference that favours nanoGPT: its shakespeare_char vocabulary
-has 65 characters, dtcli's bytes 256 (a 4x bigger output head, ~4% of the step's FLOPs).
+has 65 characters, dtcli's bytes 256 (a 4x bigger output head, ~4% of the step's FLOPs at 128
+wide).
 
     python bench/nanogpt.py --torch-python /path/to/venv-with-torch/bin/python
     python bench/nanogpt.py --threads 1 2 --steps 200 --repeats 2 --no-compile-row
     python bench/nanogpt.py --widths 128 256 512 --threads 2      # the README's width sweep
+    python bench/nanogpt.py --device gpu --steps 400 --repeats 1  # nanoGPT's GPU settings
 
 ms/step: nanoGPT's own per-iteration time (its `iter N: ... time Xms` lines), the median after
 the first 10 iterations (compiling and the first evaluation); dtcli's from its metrics.jsonl,
 the training time of the stretches after the first (which holds the first call's compile).
-Threads: OMP_NUM_THREADS/MKL_NUM_THREADS for PyTorch, TF_NUM_INTRAOP_THREADS for TensorFlow
+Threads (CPU): OMP_NUM_THREADS/MKL_NUM_THREADS for PyTorch, TF_NUM_INTRAOP_THREADS for TensorFlow
 (one inter-op thread for both). The first-step time of each (compile included) is printed too.
-Prints a table and, last, one JSON line with every row.
+A row that fails prints why and the others go on. Prints a table and, last, one JSON line with
+every row.
 """
 
 from __future__ import annotations
@@ -35,23 +47,49 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 NANOGPT = SHARED / "peers" / "nanogpt"
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare" / "input.txt"
-ITER = re.compile(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms")
-BATCH, CONTEXT, LAYERS, HEADS = 12, 64, 4, 4
+ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
+NANOGPT_VOCAB, DTCLI_VOCAB = 65, 256
 
 
-def prepare_nanogpt(work: Path, text: Path) -> Path:
+@dataclass(frozen=True)
+class Settings:
+    """One side-by-side setting: the model and batch both sides train."""
+
+    device: str  # "cpu" or "gpu"
+    batch: int
+    context: int
+    layers: int
+    heads: int
+    dropout: float
+
+    def tokens_per_step(self) -> int:
+        return self.batch * self.context
+
+
+CPU = Settings("cpu", batch=12, context=64, layers=4, heads=4, dropout=0.0)
+# nanoGPT's config/train_shakespeare_char.py, as its README runs it on a GPU.
+GPU = Settings("gpu", batch=64, context=256, layers=6, heads=6, dropout=0.2)
+GPU_WIDTH = 384
+
+
+class RowFailed(Exception):
+    """One run of a row failed; the benchmark reports it and goes on."""
+
+
+def prepare_nanogpt(work: Path, text: Path, nanogpt: Path) -> Path:
     """nanoGPT's files in `work`, with data/shakespeare_char made as its prepare.py makes it
     (characters sorted, uint16 ids, the first 90% for training)."""
     import numpy as np
 
     repo = work / "nanogpt"
-    shutil.copytree(NANOGPT, repo)
+    shutil.copytree(nanogpt, repo)
     data = repo / "data" / "shakespeare_char"
     data.mkdir(parents=True)
     chars_text = text.read_text()
@@ -66,142 +104,214 @@ def prepare_nanogpt(work: Path, text: Path) -> Path:
     return repo
 
 
-def thread_env(threads: int) -> dict[str, str]:
+def thread_env(threads: int | None) -> dict[str, str]:
     env = dict(os.environ)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if threads is None:  # a GPU run: the host's threads as each framework sets them
+        return env
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         env[key] = str(threads)
     env["TF_NUM_INTEROP_THREADS"] = "1"
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
 
 
-def run_nanogpt(repo: Path, python: str, threads: int, steps: int, width: int, compile_: bool):
+def run(args: list[str], name: str, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise RowFailed(f"{name}: no result in {timeout:.0f} s") from None
+    if done.returncode:
+        raise RowFailed(
+            f"{name} failed (exit {done.returncode}):\n{done.stdout[-1500:]}{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def run_nanogpt(repo: Path, python: str, s: Settings, threads, steps, width, compile_, timeout):
     args = [
         python,
         "train.py",
         "config/train_shakespeare_char.py",
-        "--device=cpu",
+        f"--device={'cuda' if s.device == 'gpu' else 'cpu'}",
         f"--compile={compile_}",
         "--eval_iters=20",
         "--log_interval=1",
-        f"--block_size={CONTEXT}",
-        f"--batch_size={BATCH}",
-        f"--n_layer={LAYERS}",
-        f"--n_head={HEADS}",
-        f"--n_embd={width}",
         f"--max_iters={steps}",
-        "--lr_decay_iters=2000",
-        "--dropout=0.0",
         f"--eval_interval={steps + 1000}",  # one evaluation, at iteration 0 (not timed)
     ]
-    out = subprocess.run(
-        args, cwd=repo, env=thread_env(threads), capture_output=True, text=True, check=False
-    )
-    times = [float(m.group(2)) for line in out.stdout.splitlines() if (m := ITER.match(line))]
-    if out.returncode or len(times) < 20:
-        sys.exit(
-            f"nanoGPT failed (exit {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
-        )
-    return statistics.median(times[10:]), times[0] / 1000
+    if s.device == "cpu":  # the README's CPU line; on a GPU the config file's own settings
+        args += [
+            f"--block_size={s.context}",
+            f"--batch_size={s.batch}",
+            f"--n_layer={s.layers}",
+            f"--n_head={s.heads}",
+            f"--n_embd={width}",
+            "--lr_decay_iters=2000",
+            f"--dropout={s.dropout}",
+        ]
+    out = run(args, "nanoGPT", timeout, cwd=repo, env=thread_env(threads))
+    iters = [m for line in out.stdout.splitlines() if (m := ITER.match(line))]
+    times = [float(m.group(3)) for m in iters]
+    if len(times) < 20:
+        raise RowFailed(f"nanoGPT printed {len(times)} iterations:\n{out.stdout[-2000:]}")
+    return statistics.median(times[10:]), times[0] / 1000, f"last loss {iters[-1].group(2)}"
 
 
-def run_dtcli(work: Path, text: Path, threads: int, steps: int, width: int) -> tuple[float, float]:
+def run_dtcli(work: Path, text: Path, s: Settings, threads, steps, width, compile_, timeout):
     out_dir = work / f"dtcli-{time.monotonic_ns()}"
     stretch = steps // 4
-    args = [
-        sys.executable,
-        "-m",
-        "dtcli",
-        "train",
-        str(ROOT / "recipes" / "tiny_gpt.yaml"),
-        "--set",
-        f"data.path={text}",
-        "--set",
-        f"model.transformer.d_model={width}",
-        "--set",
-        f"train.steps={4 * stretch}",
-        "--set",
-        f"train.eval_every={stretch}",
-        "--set",
-        "train.checkpoint_every=0",
-        "--no-progress",
-        "--out",
-        str(out_dir),
-    ]
-    done = subprocess.run(args, env=thread_env(threads), capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"dtcli failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    sets = {
+        "data.path": text,
+        "model.transformer.d_model": width,
+        "train.steps": 4 * stretch,
+        "train.eval_every": stretch,
+        "train.checkpoint_every": 0,
+    }
+    if s.device == "gpu":
+        sets |= {
+            "devices": "gpu",
+            "model.transformer.layers": s.layers,
+            "model.transformer.heads": s.heads,
+            "model.transformer.context": s.context,
+            "model.transformer.dropout": s.dropout,
+            "data.batch_size": s.batch,
+            "train.precision": "bf16",
+            "train.compile": compile_,
+        }
+    args = [sys.executable, "-m", "dtcli", "train", str(ROOT / "recipes" / "tiny_gpt.yaml")]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    args += ["--no-progress", "--out", str(out_dir)]
+    run(args, f"dtcli (train.compile={compile_})", timeout, env=thread_env(threads))
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out_dir, ignore_errors=True)
     later = records[1:]
     seconds = sum(r["train_tokens"] / r["tokens_per_sec"] for r in later)
     ms = 1000 * seconds / (len(later) * stretch)
     first = records[0].get("compile_seconds", float("nan"))
-    return ms, first
+    return ms, first, f"eval loss {records[-1]['eval_loss']:.4f}"
+
+
+def flops_per_token(s: Settings, width: int, vocab: int) -> float:
+    """nanoGPT's estimate_mfu per token (dtcli's models.transformer.flops_per_token is the same
+    formula): 6 per matmul weight (the tied embedding counted once, the position embedding
+    not), 12 * layers * width * context for attention. Bias-free blocks, as both train here."""
+    weights = vocab * width + s.layers * (12 * width * width + 2 * width) + width
+    return 6.0 * weights + 12.0 * s.layers * width * s.context
+
+
+def gpu_peak() -> tuple[str, float | None]:
+    """The first GPU's name (nvidia-smi) and its dense bf16 peak from dtcli's table."""
+    from dtcli.devices import PEAK_FLOPS
+
+    try:
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown GPU", None
+    return name, next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch-python", default=sys.executable, help="a Python with torch")
-    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
-    parser.add_argument("--widths", type=int, nargs="+", default=[128])
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="CPU only")
+    parser.add_argument("--widths", type=int, nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=200, help="steps per run (each row)")
     parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each row")
-    parser.add_argument("--no-compile-row", action="store_true", help="skip compile=True")
+    parser.add_argument("--no-compile-row", action="store_true", help="skip nanoGPT's other row")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     parser.add_argument("--text", type=Path, default=SHAKESPEARE)
+    parser.add_argument("--nanogpt", type=Path, default=NANOGPT, help="nanoGPT's repository")
     args = parser.parse_args()
     if args.steps < 120:
         parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
 
-    names = ["nanoGPT", "dtcli"] + ([] if args.no_compile_row else ["nanoGPT compile=True"])
-    rows: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    s = GPU if args.device == "gpu" else CPU
+    widths = args.widths or ([GPU_WIDTH] if s.device == "gpu" else [128])
+    threads_list = [None] if s.device == "gpu" else args.threads
+    # (name, width, threads) -> each run's (ms/step, first step s, a loss to show)
+    rows: dict[tuple[str, int, int | None], list[tuple[float, float, str]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-nanogpt-") as tmp:
-        repo = prepare_nanogpt(Path(tmp), args.text)
+        repo = prepare_nanogpt(Path(tmp), args.text, args.nanogpt)
         for repeat in range(args.repeats):
-            for width in args.widths:
-                for threads in args.threads:
-                    for name in names:
-                        if name == "dtcli":
-                            result = run_dtcli(Path(tmp), args.text, threads, args.steps, width)
-                        else:
-                            compiled = name.endswith("compile=True")
-                            result = run_nanogpt(
-                                repo, args.torch_python, threads, args.steps, width, compiled
-                            )
+            for width in widths:
+                for threads in threads_list:
+                    for name in row_names(s, args.no_compile_row):
+                        try:
+                            result = run_row(name, args, s, Path(tmp), repo, threads, width)
+                        except RowFailed as failed:
+                            print(f"  repeat {repeat + 1} {name}: {failed}", flush=True)
+                            continue
                         rows.setdefault((name, width, threads), []).append(result)
                         print(
-                            f"  repeat {repeat + 1} {name:20s} width {width} threads {threads}: "
-                            f"{result[0]:.1f} ms/step",
+                            f"  repeat {repeat + 1} {name:24s} width {width} threads "
+                            f"{threads or '-'}: {result[0]:.1f} ms/step, first {result[1]:.1f} s, "
+                            f"{result[2]}",
                             flush=True,
                         )
-    report(rows)
+    report(rows, s, gpu_peak() if s.device == "gpu" else None)
 
 
-def report(rows: dict) -> None:
+def row_names(s: Settings, no_compile_row: bool) -> list[str]:
+    if s.device == "gpu":  # nanoGPT's GPU default compiles; dtcli's one-device default is XLA
+        names = ["dtcli", "nanoGPT", "nanoGPT compile=False", "dtcli compile=dtensor"]
+        return [n for n in names if not (no_compile_row and n == "nanoGPT compile=False")]
+    return ["nanoGPT", "dtcli"] + ([] if no_compile_row else ["nanoGPT compile=True"])
+
+
+def run_row(name, args, s: Settings, work: Path, repo: Path, threads, width):
+    t = args.timeout
+    if name.startswith("dtcli"):
+        compile_ = "dtensor" if name.endswith("dtensor") else "auto"
+        return run_dtcli(work, args.text, s, threads, args.steps, width, compile_, t)
+    compiled = name.endswith("compile=True") or (s.device == "gpu" and name == "nanoGPT")
+    return run_nanogpt(repo, args.torch_python, s, threads, args.steps, width, compiled, t)
+
+
+def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> None:
     table = []
+    if gpu:
+        print(f"\n{gpu[0]}, dense bf16 peak {gpu[1] or float('nan'):.3g} FLOP/s")
     print(
-        f"\n{'run':22s} {'width':>5s} {'threads':>7s} {'ms/step':>8s} {'tokens/s':>9s} "
-        f"{'first s':>8s} {'dtcli/this':>10s}"
+        f"\n{'run':24s} {'width':>5s} {'threads':>7s} {'ms/step':>8s} {'tokens/s':>10s} "
+        f"{'first s':>8s} {'dtcli/this':>10s}" + (f" {'MFU':>6s}" if gpu else "")
     )
     for (name, width, threads), results in rows.items():
         ms = statistics.median(r[0] for r in results)
         first = statistics.median(r[1] for r in results)
-        dtcli_ms = statistics.median(r[0] for r in rows[("dtcli", width, threads)])
+        dtcli = rows.get(("dtcli", width, threads))
+        dtcli_ms = statistics.median(r[0] for r in dtcli) if dtcli else float("nan")
+        tokens = s.tokens_per_step() * 1000 / ms
         row = {
             "run": name,
+            "device": s.device,
             "width": width,
             "threads": threads,
             "ms_per_step": round(ms, 2),
-            "tokens_per_sec": round(BATCH * CONTEXT * 1000 / ms),
+            "tokens_per_sec": round(tokens),
             "first_step_s": round(first, 2),
             "dtcli_ratio": round(dtcli_ms / ms, 3),
             "runs_ms": [round(r[0], 2) for r in results],
         }
-        table.append(row)
-        print(
-            f"{name:22s} {width:5d} {threads:7d} {ms:8.1f} {row['tokens_per_sec']:9,d} "
+        line = (
+            f"{name:24s} {width:5d} {threads or '-':>7} {ms:8.1f} {round(tokens):10,d} "
             f"{first:8.1f} {row['dtcli_ratio']:10.2f}"
         )
+        if gpu:
+            vocab = DTCLI_VOCAB if name.startswith("dtcli") else NANOGPT_VOCAB
+            flops = flops_per_token(s, width, vocab) * tokens
+            row |= {"gpu": gpu[0], "flops_per_sec": flops}
+            if gpu[1]:
+                row["mfu"] = round(flops / gpu[1], 4)
+                line += f" {row['mfu']:6.1%}"
+        table.append(row)
+        print(line)
     print(json.dumps({"rows": table}))
 
 
