@@ -4,6 +4,8 @@ the last finite weights and names its step. In this process, on the session's 8 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from conftest import RECIPES
@@ -13,6 +15,7 @@ from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as R
 from dtcli import session as T
 from dtcli import steps as steps_lib
+from dtcli.train.loop import non_finite_hint
 
 # A 2-D mesh, so that both the batch split and the tensor-parallel layers are in the step.
 SETS = ["optimizer.name=adam", "optimizer.learning_rate=0.01", "data.batch_size=32"]
@@ -217,3 +220,23 @@ def test_a_lowering_that_clashes_by_name_with_an_earlier_one_is_traced_again():
     assert plain["applied"] == 2
     assert clashed == plain
     assert "Cannot add function 'while" in refused["error"]
+
+
+@pytest.mark.parametrize(
+    "device_type, mesh, precision, suspect",
+    [
+        ("GPU", None, "bf16", "train.precision=float32"),  # XLA, bf16 on a GPU: XLA's compile
+        ("GPU", None, "float32", "lower optimizer.learning_rate"),
+        ("GPU", "a mesh", "bf16", "lower optimizer.learning_rate"),  # DTensor: trains on GPUs
+        ("CPU", None, "bf16", "lower optimizer.learning_rate"),
+    ],
+)
+def test_a_non_finite_loss_names_the_likelier_suspect(device_type, mesh, precision, suspect):
+    session = SimpleNamespace(
+        devices=SimpleNamespace(device_type=device_type),
+        xla=mesh is None,
+        recipe=SimpleNamespace(train=SimpleNamespace(precision=precision)),
+    )
+    hint = non_finite_hint(session)
+    assert suspect in hint
+    assert ("train.compile=dtensor" in hint) == (suspect == "train.precision=float32")

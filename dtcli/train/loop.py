@@ -134,8 +134,7 @@ class EpochLoop:
             raise TrainingError(
                 f"non-finite training loss ({exc.loss}) in epoch {epoch + 1} at step "
                 f"{exc.step}; the run stopped without saving; last good checkpoint: "
-                f"{self.checkpointer.latest() or 'none'}; "
-                "try a lower optimizer.learning_rate"
+                f"{self.checkpointer.latest() or 'none'}; {non_finite_hint(self.session)}"
             ) from None
         bar.stop()
         step = self._step()
@@ -209,6 +208,20 @@ class EpochLoop:
         else:
             latest = self.checkpointer.folder / f"ckpt-{step:08d}"
         raise Interrupted(latest, run_dir, preempted=preempted, again=again)
+
+
+def non_finite_hint(session: Session) -> str:
+    """What to try after a non-finite loss. On a GPU, bf16 steps compiled by XLA went NaN at the
+    second step of a run that trains in float32 and on DTensor (an H200, ptxas 12.5; XLA warns
+    that ptxas up to 12.6.2 miscompiles clamping): there the learning rate is not the suspect."""
+    gpu = session.devices.device_type == "GPU"
+    if gpu and session.xla and session.recipe.train.precision == "bf16":
+        return (
+            "bf16 steps compiled by XLA on a GPU have gone NaN from XLA's own compile (README, "
+            "Benchmarks): try train.precision=float32 or train.compile=dtensor first, then a "
+            "lower optimizer.learning_rate"
+        )
+    return "try a lower optimizer.learning_rate"
 
 
 def throughput(session: Session, state: EpochState) -> dict[str, float]:
