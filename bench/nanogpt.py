@@ -233,6 +233,9 @@ def main() -> None:
         parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
 
     s = GPU if args.device == "gpu" else CPU
+    gpu = gpu_peak() if s.device == "gpu" else None
+    if gpu and gpu[0] == "unknown GPU":
+        parser.error("--device gpu: nvidia-smi lists no NVIDIA GPU on this machine")
     widths = args.widths or ([GPU_WIDTH] if s.device == "gpu" else [128])
     threads_list = [None] if s.device == "gpu" else args.threads
     # (name, width, threads) -> each run's (ms/step, first step s, a loss to show)
@@ -255,7 +258,7 @@ def main() -> None:
                             f"{result[2]}",
                             flush=True,
                         )
-    report(rows, s, gpu_peak() if s.device == "gpu" else None)
+    report(rows, s, gpu)
 
 
 def row_names(s: Settings, no_compile_row: bool) -> list[str]:
