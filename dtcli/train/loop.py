@@ -217,9 +217,9 @@ def non_finite_hint(session: Session) -> str:
     gpu = session.devices.device_type == "GPU"
     if gpu and session.xla and session.recipe.train.precision == "bf16":
         return (
-            "bf16 steps compiled by XLA on a GPU have gone NaN from XLA's own compile (README, "
-            "Benchmarks): try train.precision=float32 or train.compile=dtensor first, then a "
-            "lower optimizer.learning_rate"
+            "bf16 steps compiled by XLA have gone NaN on a GPU where the same run trained in "
+            "float32 and on DTensor (README, Benchmarks): try train.precision=float32 or "
+            "train.compile=dtensor first, then a lower optimizer.learning_rate"
         )
     return "try a lower optimizer.learning_rate"
 
