@@ -18,10 +18,12 @@ formula nanoGPT's own MFU uses) times tokens/s over the GPU's dense bf16 peak.
 
 The same arithmetic, with one difference that favours nanoGPT: its shakespeare_char vocabulary
 has 65 characters, dtcli's bytes 256 (a 4x bigger output head, ~4% of the step's FLOPs at 128
-wide).
+wide). `--byte-row` adds a nanoGPT row (`compile` as the main nanoGPT row) on the same text
+as dtcli's byte tokens (vocabulary 256): exactly dtcli's arithmetic.
 
     python bench/nanogpt.py --torch-python /path/to/venv-with-torch/bin/python
     python bench/nanogpt.py --threads 1 2 --steps 200 --repeats 2 --no-compile-row
+    python bench/nanogpt.py --threads 2 1 --byte-row        # and nanoGPT on dtcli's bytes
     python bench/nanogpt.py --widths 128 256 512 --threads 2      # the README's width sweep
     python bench/nanogpt.py --device gpu --steps 400 --repeats 1  # nanoGPT's GPU settings
 
@@ -56,6 +58,9 @@ NANOGPT = SHARED / "peers" / "nanogpt"
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare" / "input.txt"
 ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
 NANOGPT_VOCAB, DTCLI_VOCAB = 65, 256
+# nanoGPT's data folders: its own characters, and dtcli's bytes (the `--byte-row`).
+NANOGPT_DATA = {"chars": "shakespeare_char", "bytes": "shakespeare_bytes"}
+BYTE_ROW = "nanoGPT bytes"
 
 
 @dataclass(frozen=True)
@@ -85,23 +90,31 @@ class RowFailed(Exception):
 
 def prepare_nanogpt(work: Path, text: Path, nanogpt: Path) -> Path:
     """nanoGPT's files in `work`, with data/shakespeare_char made as its prepare.py makes it
-    (characters sorted, uint16 ids, the first 90% for training)."""
+    (characters sorted, uint16 ids, the first 90% for training), and data/shakespeare_bytes:
+    the same text as dtcli's byte tokens (ids = byte values, a vocabulary of 256), which
+    nanoGPT's train.py reads the same way (`--dataset`, vocab_size from meta.pkl)."""
     import numpy as np
 
     repo = work / "nanogpt"
     shutil.copytree(nanogpt, repo)
-    data = repo / "data" / "shakespeare_char"
-    data.mkdir(parents=True)
     chars_text = text.read_text()
     chars = sorted(set(chars_text))
     index = {c: i for i, c in enumerate(chars)}
-    ids = np.array([index[c] for c in chars_text], dtype=np.uint16)
+    char_ids = np.array([index[c] for c in chars_text], dtype=np.uint16)
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": index}
+    _write_dataset(repo / "data" / NANOGPT_DATA["chars"], char_ids, meta)
+    byte_ids = np.frombuffer(text.read_bytes(), dtype=np.uint8).astype(np.uint16)
+    byte_meta = {"vocab_size": DTCLI_VOCAB, "itos": {}, "stoi": {}}
+    _write_dataset(repo / "data" / NANOGPT_DATA["bytes"], byte_ids, byte_meta)
+    return repo
+
+
+def _write_dataset(data: Path, ids, meta: dict) -> None:
+    data.mkdir(parents=True)
     cut = int(0.9 * len(ids))
     ids[:cut].tofile(data / "train.bin")
     ids[cut:].tofile(data / "val.bin")
-    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": index}
     (data / "meta.pkl").write_bytes(pickle.dumps(meta))
-    return repo
 
 
 def thread_env(threads: int | None) -> dict[str, str]:
@@ -127,11 +140,14 @@ def run(args: list[str], name: str, timeout: float, **kwargs) -> subprocess.Comp
     return done
 
 
-def run_nanogpt(repo: Path, python: str, s: Settings, threads, steps, width, compile_, timeout):
+def run_nanogpt(
+    repo: Path, python: str, s: Settings, threads, steps, width, compile_, timeout, vocab="chars"
+):
     args = [
         python,
         "train.py",
         "config/train_shakespeare_char.py",
+        f"--dataset={NANOGPT_DATA[vocab]}",
         f"--device={'cuda' if s.device == 'gpu' else 'cpu'}",
         f"--compile={compile_}",
         "--eval_iters=20",
@@ -193,11 +209,14 @@ def run_dtcli(work: Path, text: Path, s: Settings, threads, steps, width, compil
 
 
 def flops_per_token(s: Settings, width: int, vocab: int) -> float:
-    """nanoGPT's estimate_mfu per token (dtcli's models.transformer.flops_per_token is the same
-    formula): 6 per matmul weight (the tied embedding counted once, the position embedding
-    not), 12 * layers * width * context for attention. Bias-free blocks, as both train here."""
-    weights = vocab * width + s.layers * (12 * width * width + 2 * width) + width
-    return 6.0 * weights + 12.0 * s.layers * width * s.context
+    """Training FLOPs per token of the GPT both train (dtcli's formula, nanoGPT's estimate_mfu:
+    6 per matmul weight, the tied embedding counted once, plus attention). dtcli's models
+    package imports no TensorFlow at import, so the bench's parent process stays free of it."""
+    from dtcli.models.transformer import flops_per_token as gpt_flops
+    from dtcli.recipe import TransformerConfig
+
+    cfg = TransformerConfig(layers=s.layers, d_model=width, heads=s.heads, context=s.context)
+    return gpt_flops(cfg, vocab, s.context)
 
 
 def gpu_peak() -> tuple[str, float | None]:
@@ -225,6 +244,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="steps per run (each row)")
     parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each row")
     parser.add_argument("--no-compile-row", action="store_true", help="skip nanoGPT's other row")
+    parser.add_argument(
+        "--byte-row",
+        action="store_true",
+        help="one more nanoGPT row on dtcli's byte vocabulary (256): the same arithmetic",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     parser.add_argument("--text", type=Path, default=SHAKESPEARE)
     parser.add_argument("--nanogpt", type=Path, default=NANOGPT, help="nanoGPT's repository")
@@ -245,7 +269,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for width in widths:
                 for threads in threads_list:
-                    for name in row_names(s, args.no_compile_row):
+                    for name in row_names(s, args.no_compile_row, args.byte_row):
                         try:
                             result = run_row(name, args, s, Path(tmp), repo, threads, width)
                         except RowFailed as failed:
@@ -261,11 +285,13 @@ def main() -> None:
     report(rows, s, gpu)
 
 
-def row_names(s: Settings, no_compile_row: bool) -> list[str]:
+def row_names(s: Settings, no_compile_row: bool, byte_row: bool = False) -> list[str]:
     if s.device == "gpu":  # nanoGPT's GPU default compiles; dtcli's one-device default is XLA
         names = ["dtcli", "nanoGPT", "nanoGPT compile=False", "dtcli compile=dtensor"]
-        return [n for n in names if not (no_compile_row and n == "nanoGPT compile=False")]
-    return ["nanoGPT", "dtcli"] + ([] if no_compile_row else ["nanoGPT compile=True"])
+        names = [n for n in names if not (no_compile_row and n == "nanoGPT compile=False")]
+    else:
+        names = ["nanoGPT", "dtcli"] + ([] if no_compile_row else ["nanoGPT compile=True"])
+    return names + ([BYTE_ROW] if byte_row else [])
 
 
 def run_row(name, args, s: Settings, work: Path, repo: Path, threads, width):
@@ -274,7 +300,8 @@ def run_row(name, args, s: Settings, work: Path, repo: Path, threads, width):
         compile_ = "dtensor" if name.endswith("dtensor") else "auto"
         return run_dtcli(work, args.text, s, threads, args.steps, width, compile_, t)
     compiled = name.endswith("compile=True") or (s.device == "gpu" and name == "nanoGPT")
-    return run_nanogpt(repo, args.torch_python, s, threads, args.steps, width, compiled, t)
+    vocab = "bytes" if name == BYTE_ROW else "chars"
+    return run_nanogpt(repo, args.torch_python, s, threads, args.steps, width, compiled, t, vocab)
 
 
 def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> None:
@@ -307,7 +334,8 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
             f"{first:8.1f} {row['dtcli_ratio']:10.2f}"
         )
         if gpu:
-            vocab = DTCLI_VOCAB if name.startswith("dtcli") else NANOGPT_VOCAB
+            bytes_ = name.startswith("dtcli") or name == BYTE_ROW
+            vocab = DTCLI_VOCAB if bytes_ else NANOGPT_VOCAB
             flops = flops_per_token(s, width, vocab) * tokens
             row |= {"gpu": gpu[0], "flops_per_sec": flops}
             if gpu[1]:

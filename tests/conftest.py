@@ -29,6 +29,8 @@ def _bench_script(name: str) -> ModuleType:
     """bench/NAME.py as a module: plain `pytest` puts tests/, not the repository, on sys.path."""
     spec = importlib.util.spec_from_file_location(f"bench.{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    # Registered first: a dataclass in the script looks its module up while it is made.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

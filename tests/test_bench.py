@@ -1,0 +1,58 @@
+"""The benchmarks' own parts that decide what they compare: bench/nanogpt.py gives nanoGPT the
+text it claims (its characters, or dtcli's bytes for the same-arithmetic row) and counts FLOPs
+with dtcli's formula. Their timings are run by hand (README), never by a test."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+from conftest import _bench_script
+
+nanogpt = _bench_script("nanogpt")
+
+
+def read_ids(folder) -> np.ndarray:
+    parts = [np.fromfile(folder / f"{split}.bin", dtype=np.uint16) for split in ("train", "val")]
+    return np.concatenate(parts)
+
+
+def test_nanogpt_reads_the_text_as_its_characters_and_as_dtclis_bytes(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3)
+    peer = tmp_path / "peer"
+    peer.mkdir()
+    (peer / "train.py").write_text("# nanoGPT's script\n")
+
+    repo = nanogpt.prepare_nanogpt(tmp_path / "work", text, peer)
+
+    assert (repo / "train.py").read_text() == "# nanoGPT's script\n"
+    chars = repo / "data" / "shakespeare_char"
+    meta = pickle.loads((chars / "meta.pkl").read_bytes())
+    assert meta["vocab_size"] == len(set(text.read_text()))
+    assert "".join(meta["itos"][int(i)] for i in read_ids(chars)) == text.read_text()
+    bytes_ = repo / "data" / "shakespeare_bytes"
+    assert pickle.loads((bytes_ / "meta.pkl").read_bytes())["vocab_size"] == 256
+    np.testing.assert_array_equal(read_ids(bytes_), np.frombuffer(text.read_bytes(), np.uint8))
+    # The same 90/10 cut for both.
+    cut = int(0.9 * len(text.read_bytes()))
+    assert np.fromfile(bytes_ / "train.bin", dtype=np.uint16).size == cut
+    assert np.fromfile(chars / "train.bin", dtype=np.uint16).size == cut
+
+
+def test_the_byte_row_runs_only_when_asked():
+    assert nanogpt.BYTE_ROW not in nanogpt.row_names(nanogpt.CPU, no_compile_row=False)
+    assert nanogpt.row_names(nanogpt.CPU, True, byte_row=True) == [
+        "nanoGPT",
+        "dtcli",
+        nanogpt.BYTE_ROW,
+    ]
+
+
+def test_flops_per_token_is_nanogpts_estimate():
+    # nanoGPT's estimate_mfu: 6 N + 12 L H Q T per token, N its parameters less the position
+    # embedding (the tied head counted once), bias-free blocks and LayerNorms.
+    layers, width, context, vocab = 6, 384, 256, 65
+    params = vocab * width + layers * (12 * width * width + 2 * width) + width
+    want = 6 * params + 12 * layers * width * context
+    assert nanogpt.flops_per_token(nanogpt.GPU, width, vocab) == want
