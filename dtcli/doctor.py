@@ -71,6 +71,7 @@ def _env_flags() -> list[Check]:
             "'1': gives wrong numbers even on one device; unset it",
         ),
     ]
+    checks.append(_xla_cache())
     nccl = os.environ.get("DTENSOR_GPU_USE_NCCL_COMMUNICATION")
     checks.append(
         Check(
@@ -82,6 +83,29 @@ def _env_flags() -> list[Check]:
         )
     )
     return checks
+
+
+def _xla_cache() -> Check:
+    """Where a one-device run keeps XLA's compiled steps (tfruntime), and what is there."""
+    name = tfruntime.XLA_CACHE_ENV
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    folder = tfruntime.xla_cache_dir(os.environ)
+    if folder is None:
+        return Check(name, True, "off (every one-device run compiles its steps anew)")
+    if f"--tf_xla_persistent_cache_directory={folder}" not in flags:
+        own = "--tf_xla_persistent_cache_directory" in flags
+        why = "TF_XLA_FLAGS names its own folder" if own else "its path holds a space"
+        return Check(name, True, f"not used: {why}", warn=not own)
+    entries = list(folder.glob("*.pb")) if folder.is_dir() else []
+    size = sum(p.stat().st_size for p in entries) / 2**20
+    return Check(
+        name,
+        True,
+        f"{folder}: {len(entries)} compiled step{'' if len(entries) == 1 else 's'}, "
+        f"{size:.0f} MB (a one-device run loads its "
+        f"steps from here instead of compiling them; at most "
+        f"{tfruntime.XLA_CACHE_LIMIT / 2**30:.0f} GB, '{name}=off' turns it off)",
+    )
 
 
 def _devices(spec: str) -> tuple[Check, devices_lib.Devices]:

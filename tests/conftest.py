@@ -20,6 +20,10 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+# XLA's compiled steps stay out of the user's cache (dtcli keeps them there by default), in this
+# process and the fresh ones (env() copies this); the tests of the cache name their own folder.
+os.environ["DTCLI_XLA_CACHE"] = "off"
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
@@ -61,7 +65,9 @@ def run_python(code: str, timeout: int = 600, extra_env: dict | None = None) -> 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def dtcli(*args: object, timeout: int = 600, cwd: Path | None = None) -> Result:
+def dtcli(
+    *args: object, timeout: int = 600, cwd: Path | None = None, extra_env: dict | None = None
+) -> Result:
     """Run `dtcli ARGS...` in a fresh process, as a user would -> Result."""
     proc = subprocess.run(
         [sys.executable, "-m", "dtcli.cli", *map(str, args)],
@@ -69,7 +75,7 @@ def dtcli(*args: object, timeout: int = 600, cwd: Path | None = None) -> Result:
         text=True,
         timeout=timeout,
         cwd=cwd or ROOT,
-        env=env(),
+        env={**env(), **(extra_env or {})},
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 

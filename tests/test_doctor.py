@@ -4,6 +4,7 @@ refuses to run with that flag."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -75,3 +76,21 @@ def test_train_refuses_the_flag_that_gives_wrong_weights(tmp_path):
         "error: environment DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION=1"
     )
     assert not out.exists()
+
+
+def test_doctor_says_where_the_xla_cache_is_and_what_it_holds(monkeypatch, tmp_path):
+    from dtcli import doctor as doctor_lib
+    from dtcli import tfruntime
+
+    monkeypatch.setenv("DTCLI_XLA_CACHE", str(tmp_path))
+    folder = tfruntime.xla_cache_dir(os.environ)
+    monkeypatch.setenv("TF_XLA_FLAGS", tfruntime.xla_cache_flags("", folder))
+    folder.mkdir()
+    (folder / "xla_compile_cache__1__XLA_CPU_JIT.pb").write_bytes(b"x" * (3 << 20))
+    check = doctor_lib._xla_cache()
+    assert check.status == "ok"
+    assert check.detail.startswith(f"{folder}: 1 compiled step, 3 MB")
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=/mine")
+    assert doctor_lib._xla_cache().detail == "not used: TF_XLA_FLAGS names its own folder"
+    monkeypatch.setenv("DTCLI_XLA_CACHE", "off")
+    assert doctor_lib._xla_cache().detail.startswith("off")

@@ -4,11 +4,16 @@ its checkpoint). Speed is bench/nanogpt.py's business, not a test's."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import test_fsdp
-from conftest import ROOT
+from conftest import ROOT, dtcli
 
+from dtcli import tfruntime
 from dtcli.errors import UsageError
 from dtcli.mesh import compiles_with_xla
 
@@ -159,3 +164,153 @@ def test_train_compile_xla_on_a_mesh_exits_2_with_one_line(cli, tmp_path):
     assert result.returncode == 2
     assert len(result.err_lines) == 1 and "'train.compile'" in result.err_lines[0]
     assert not (tmp_path / "run").exists()
+
+
+# XLA's persistent compilation cache (tfruntime): a one-device run's compiled steps on disk.
+
+
+def test_the_xla_cache_lives_in_dtclis_cache_folder_one_folder_per_host(tmp_path):
+    home = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    folder = tfruntime.xla_cache_dir(home)
+    assert folder.parent == tmp_path / "xdg" / "dtcli" / "xla"
+    root = {**home, "DTCLI_CACHE_DIR": str(tmp_path / "root")}
+    assert tfruntime.xla_cache_dir(root).parent == tmp_path / "root" / "xla"
+    named = {**root, "DTCLI_XLA_CACHE": str(tmp_path / "mine")}
+    assert tfruntime.xla_cache_dir(named).parent == tmp_path / "mine"
+    for off in ("off", "OFF", "0"):
+        assert tfruntime.xla_cache_dir({**named, "DTCLI_XLA_CACHE": off}) is None
+    # The machine code depends on XLA_FLAGS (and the CPU, TensorFlow): not in TensorFlow's key.
+    flagged = tfruntime.xla_cache_dir({**home, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    assert flagged != folder and flagged.parent == folder.parent
+    assert tfruntime.xla_cache_dir(home) == folder
+
+
+def test_the_xla_cache_flags_keep_a_users_own():
+    ours = tfruntime.xla_cache_flags("--tf_xla_auto_jit=2", Path("/c/x"))
+    assert ours.split() == [
+        "--tf_xla_auto_jit=2",
+        "--tf_xla_persistent_cache_directory=/c/x",
+        "--tf_xla_persistent_cache_device_types=CPU",
+    ]
+    theirs = "--tf_xla_persistent_cache_directory=/mine"
+    assert tfruntime.xla_cache_flags(theirs, Path("/c/x")) == theirs
+
+
+def test_the_xla_cache_drops_its_oldest_entries_past_its_limit(tmp_path):
+    def entry(name: str, size: int, age: float) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"x" * size)
+        os.utime(path, (NOW - age, NOW - age))
+        return path
+
+    (tmp_path / "tf2.20.0-0123456789abcdef").mkdir()  # another host folder: an older TF's
+    old = entry("tf2.20.0-0123456789abcdef/xla_compile_cache__1__XLA_CPU_JIT.pb", 400, age=300)
+    middle = entry("xla_compile_cache__2__XLA_CPU_JIT.pb", 400, age=200)
+    new = entry("xla_compile_cache__3__XLA_CPU_JIT.pb", 400, age=100)
+    dead = entry("xla_compile_cache__4__XLA_CPU_JIT.pb.123_456.tmp", 10, age=7200)
+    writing = entry("xla_compile_cache__5__XLA_CPU_JIT.pb.789_1.tmp", 10, age=5)
+
+    removed = tfruntime.prune_xla_cache(tmp_path, limit=900, now=NOW)
+
+    assert set(removed) == {old, dead}
+    left = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted([middle, new, writing])
+    assert tfruntime.prune_xla_cache(tmp_path, limit=900, now=NOW) == []
+
+
+NOW = 1_800_000_000.0
+
+
+def test_only_an_entry_tensorflow_could_not_read_is_dropped(tmp_path):
+    environ = {"DTCLI_XLA_CACHE": str(tmp_path)}
+    folder = tfruntime.open_xla_cache(environ)
+    names = [f"xla_compile_cache__{i}__XLA_CPU_JIT.pb" for i in (1, 2, 3)]
+    for name in names:
+        (folder / name).write_bytes(b"entry")
+    damaged = f"Can't parse {folder / names[1]} as binary proto [Op:__inference_train_call_7]"
+    assert tfruntime.drop_unreadable_xla_cache(damaged, environ)
+    assert sorted(p.name for p in folder.iterdir()) == [names[0], names[2]]
+    # Not the cache's failure: nothing goes.
+    other = "Read past the end of the data set [Op:__inference_train_call_7]"
+    assert not tfruntime.drop_unreadable_xla_cache(other, environ)
+    assert not tfruntime.drop_unreadable_xla_cache(damaged, {"DTCLI_XLA_CACHE": "off"})
+    assert len(list(folder.iterdir())) == 2
+    # A short read names no file: every entry goes.
+    short = "Read less bytes than requested [Op:__inference_train_call_7]"
+    assert tfruntime.drop_unreadable_xla_cache(short, environ)
+    assert list(folder.iterdir()) == []
+    assert not tfruntime.drop_unreadable_xla_cache(short, environ)
+
+
+def test_a_cache_folder_the_user_named_that_cannot_be_made_is_one_usage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for key in ("DTCLI_XLA_CACHE", "DTCLI_CACHE_DIR"):
+        with pytest.raises(UsageError, match=rf"environment {key}=.*writable folder"):
+            tfruntime.open_xla_cache({key: str(blocker / "sub")})
+    with pytest.raises(UsageError, match="without spaces"):
+        tfruntime.open_xla_cache({"DTCLI_XLA_CACHE": str(tmp_path / "a b")})
+    # The default folder unusable: the run goes on without a cache.
+    assert tfruntime.open_xla_cache({"XDG_CACHE_HOME": str(blocker)}) is None
+    made = tfruntime.open_xla_cache({"DTCLI_XLA_CACHE": str(tmp_path / "ok")})
+    assert made.is_dir() and made.parent == tmp_path / "ok"
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_its_compiled_steps_from_the_xla_cache(tmp_path):
+    """Fresh processes train the same one-device steps: the first writes XLA's compiled train
+    and eval steps to the cache, the second loads them (no entry is written again), a third
+    finds them damaged and compiles anew; all train the same numbers."""
+    cache = tmp_path / "xla"
+
+    def train(name: str) -> list[dict]:
+        result = dtcli(
+            "train",
+            ROOT / "recipes" / "quickstart.yaml",
+            "--mesh",
+            "batch=1",
+            "--devices",
+            "cpu:1",
+            "--set",
+            "train.epochs=1",
+            "--out",
+            tmp_path / name,
+            extra_env={"DTCLI_XLA_CACHE": str(cache)},
+        )
+        assert result.returncode == 0, result.stderr
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def entries(folder: Path) -> dict:
+        return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+    first = train("first")
+    (folder,) = cache.iterdir()
+    written = entries(folder)
+    assert len(written) == 2  # the train call and the eval step
+    second = train("second")
+    assert entries(folder) == written
+    # Damaged entries: the train call's cut short (read first: TensorFlow's error names no
+    # file, so every entry goes), the eval step's with flipped bytes. Compiled anew.
+    flipped, cut = sorted(folder.iterdir(), key=lambda p: p.stat().st_size)
+    cut.write_bytes(cut.read_bytes()[:1000])
+    data = bytearray(flipped.read_bytes())
+    data[50::7] = bytes(b ^ 0x5A for b in data[50::7])
+    flipped.write_bytes(bytes(data))
+    third = train("third")
+    assert not cut.exists() and not flipped.exists() and len(entries(folder)) == 2
+    for key in ("train_loss", "eval_loss", "eval_accuracy"):
+        assert [r[key] for r in second] == [r[key] for r in first], key
+        assert [r[key] for r in third] == [r[key] for r in first], key
+
+
+def test_a_cache_folder_that_cannot_be_made_exits_2_naming_it(cli, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DTCLI_XLA_CACHE", str(blocker / "sub"))
+    run = tmp_path / "run"
+    quickstart = ROOT / "recipes" / "quickstart.yaml"
+    result = cli("train", quickstart, "--mesh", "batch=1", "--devices", "cpu:1", "--out", run)
+    assert result.returncode == 2
+    assert len(result.err_lines) == 1 and "environment DTCLI_XLA_CACHE=" in result.err_lines[0]
+    assert not run.exists()

@@ -12,7 +12,7 @@ from dtcli import data as data_lib
 from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
-from dtcli import models, optimizers
+from dtcli import models, optimizers, tfruntime
 from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
@@ -136,6 +136,7 @@ def _mesh(
         recipe.train.compile, axes, 1 if cluster is None else cluster.num_clients
     )
     if xla:
+        tfruntime.open_xla_cache()
         return None
     return mesh_lib.build_mesh(
         axes, devices.device_type, distributed=cluster is not None, count=use_devices

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dtcli import pipeline as pipeline_lib
+from dtcli import tfruntime
 from dtcli.errors import UsageError, one_line
 from dtcli.steps.engine import PER_STEP, Engine, steps_per_call
 from dtcli.steps.step import is_measured, per_example, step_at_fn, step_counts, sums
@@ -61,8 +62,9 @@ LOWERING_TRIES = 4
 
 class Relowered:
     """A `tf.function` made by `make()`, made again (a new trace, a new lowering) when calling
-    it fails on a function name clash of DTensor's lowering; at most LOWERING_TRIES calls.
-    The clash fails the lowering, before anything runs: nothing was updated."""
+    it fails on a function name clash of DTensor's lowering (at most LOWERING_TRIES calls), or
+    on an unreadable entry of XLA's compile cache (once, the entry deleted). Both fail before
+    anything runs: nothing was updated."""
 
     def __init__(self, make: Any) -> None:
         self._make = make
@@ -71,13 +73,21 @@ class Relowered:
     def __call__(self, *args: Any) -> Any:
         import tensorflow as tf
 
-        tries, held = 1, []
+        tries, held, dropped = 1, [], False
         while True:
             try:
                 return self._function(*args)
             except tf.errors.InvalidArgumentError as exc:
                 if NAME_CLASH not in str(exc) or tries == LOWERING_TRIES:
                     raise
+            except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
+                # An entry of XLA's compile cache TensorFlow cannot read fails the compile
+                # before anything runs: dropped, the step is traced and compiled anew (once).
+                if dropped or not tfruntime.drop_unreadable_xla_cache(str(exc)):
+                    raise
+                dropped = True
+                self._function = self._make()
+                continue
             tries += 1
             held += [self._function, _ballast(tries)]
             self._function = self._make()
