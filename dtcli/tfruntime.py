@@ -44,11 +44,35 @@ RUNTIME_ENV = {
 def set_runtime_env() -> None:
     for key, value in RUNTIME_ENV.items():
         os.environ.setdefault(key, value)
-    folder = xla_cache_dir(os.environ)
-    # TensorFlow splits TF_XLA_FLAGS at spaces: a folder with one goes unused (open_xla_cache
-    # refuses one the user named).
-    if folder is not None and not re.search(r"\s", str(folder)):
-        os.environ["TF_XLA_FLAGS"] = xla_cache_flags(os.environ.get("TF_XLA_FLAGS", ""), folder)
+    if not _XLA_CACHE_DECIDED:
+        _XLA_CACHE_DECIDED.append(True)
+        folder = xla_cache_dir(os.environ)
+        # Once per process, at its first import of dtcli: TensorFlow reads TF_XLA_FLAGS once,
+        # and fails every compile whose cache folder is unusable (not a folder, say), so the
+        # flag names only a folder made and writable here (open_xla_cache says why not).
+        if folder is not None and _usable(folder):
+            flags = os.environ.get("TF_XLA_FLAGS", "")
+            os.environ["TF_XLA_FLAGS"] = xla_cache_flags(flags, folder)
+
+
+_XLA_CACHE_DECIDED: list[bool] = []
+
+
+def _usable(folder: Path) -> bool:
+    try:
+        _make_cache_folder(folder)
+    except OSError:
+        return False
+    return True
+
+
+def _make_cache_folder(folder: Path) -> None:
+    # TensorFlow splits TF_XLA_FLAGS at spaces.
+    if re.search(r"\s", str(folder)):
+        raise OSError(0, "TF_XLA_FLAGS cannot hold a path with a space")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(0, "not writable")
 
 
 # XLA's persistent compilation cache (TensorFlow's own, `--tf_xla_persistent_cache_directory`):
@@ -116,18 +140,17 @@ def xla_cache_flags(flags: str, folder: Path) -> str:
 
 
 def open_xla_cache(environ: Mapping[str, str] | None = None) -> Path | None:
-    """Make this host's cache folder (TensorFlow writes nothing to a missing one) and keep it
-    under XLA_CACHE_LIMIT; before a run compiles its steps with XLA. A folder DTCLI_XLA_CACHE
-    names that cannot be made is a usage error; the default one then only goes unused."""
+    """This host's cache folder, kept under XLA_CACHE_LIMIT; before a run compiles its steps
+    with XLA. A folder DTCLI_XLA_CACHE (or DTCLI_CACHE_DIR) names that cannot be made or
+    written is a usage error (set_runtime_env left it out of TF_XLA_FLAGS); the default one
+    then only goes unused."""
     environ = os.environ if environ is None else environ
     folder = xla_cache_dir(environ)
     if folder is None:
         return None
     named = next((k for k in (XLA_CACHE_ENV, CACHE_ROOT_ENV) if environ.get(k, "").strip()), None)
     try:
-        if re.search(r"\s", str(folder)):
-            raise OSError(0, "TF_XLA_FLAGS cannot hold a path with a space")
-        folder.mkdir(parents=True, exist_ok=True)
+        _make_cache_folder(folder)
         prune_xla_cache(folder.parent, XLA_CACHE_LIMIT)
     except OSError as exc:
         if named:

@@ -304,13 +304,22 @@ def test_a_second_run_loads_its_compiled_steps_from_the_xla_cache(tmp_path):
         assert [r[key] for r in third] == [r[key] for r in first], key
 
 
-def test_a_cache_folder_that_cannot_be_made_exits_2_naming_it(cli, tmp_path, monkeypatch):
+def test_a_cache_folder_that_cannot_be_made_exits_2_naming_it(tmp_path):
+    # A fresh process: the cache folder is decided once, when dtcli is first imported.
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    monkeypatch.setenv("DTCLI_XLA_CACHE", str(blocker / "sub"))
     run = tmp_path / "run"
-    quickstart = ROOT / "recipes" / "quickstart.yaml"
-    result = cli("train", quickstart, "--mesh", "batch=1", "--devices", "cpu:1", "--out", run)
+    result = dtcli(
+        "train",
+        ROOT / "recipes" / "quickstart.yaml",
+        "--mesh",
+        "batch=1",
+        "--devices",
+        "cpu:1",
+        "--out",
+        run,
+        extra_env={"DTCLI_XLA_CACHE": str(blocker / "sub")},
+    )
     assert result.returncode == 2
     assert len(result.err_lines) == 1 and "environment DTCLI_XLA_CACHE=" in result.err_lines[0]
     assert not run.exists()
