@@ -34,7 +34,8 @@ Threads (CPU): OMP_NUM_THREADS/MKL_NUM_THREADS for PyTorch, TF_NUM_INTRAOP_THREA
 (one inter-op thread for both). The first-step time of each (compile included) is printed too:
 `first s` of a row's first run, whose compiled code no cache held (dtcli's XLA cache and
 torch.compile's inductor cache are kept in the benchmark's temporary folder), and `warm`, the
-median of its later runs, which load what the first compiled.
+median of its later runs, which load what the first compiled. `dtcli/this`: dtcli's ms/step over
+the row's (above 1: dtcli is the slower).
 A row that fails prints why and the others go on. Prints a table and, last, one JSON line with
 every row.
 """
@@ -266,6 +267,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 120:
         parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
+    if min(args.threads) < 1:
+        parser.error("--threads: each at least 1")
+    if not args.text.is_file():
+        parser.error(f"--text: no file {args.text}")
+    if not (args.nanogpt / "train.py").is_file():
+        parser.error(f"--nanogpt: no train.py in {args.nanogpt} (nanoGPT's repository)")
 
     s = GPU if args.device == "gpu" else CPU
     gpu = gpu_peak() if s.device == "gpu" else None
@@ -338,7 +345,7 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
             "ms_per_step": round(ms, 2),
             "tokens_per_sec": round(tokens),
             "first_step_s": round(first, 2),
-            "warm_first_step_s": round(warm, 2),
+            "warm_first_step_s": None if len(results) == 1 else round(warm, 2),
             "dtcli_ratio": round(dtcli_ms / ms, 3),
             "runs_ms": [round(r[0], 2) for r in results],
         }

@@ -93,9 +93,10 @@ def _xla_cache() -> Check:
     if folder is None:
         return Check(name, True, "off (every one-device run compiles its steps anew)")
     if f"--tf_xla_persistent_cache_directory={folder}" not in flags:
-        own = "--tf_xla_persistent_cache_directory" in flags
-        why = "TF_XLA_FLAGS names its own folder" if own else "its path holds a space"
-        return Check(name, True, f"not used: {why}", warn=not own)
+        if "--tf_xla_persistent_cache_directory" in flags:
+            return Check(name, True, "not used: TF_XLA_FLAGS names its own folder")
+        why = tfruntime.xla_cache_problem(folder) or "set after dtcli started"
+        return Check(name, True, f"not used: {folder}: {why}", warn=True)
     entries = list(folder.glob("*.pb")) if folder.is_dir() else []
     size = sum(p.stat().st_size for p in entries) / 2**20
     return Check(

@@ -49,8 +49,9 @@ def set_runtime_env() -> None:
         folder = xla_cache_dir(os.environ)
         # Once per process, at its first import of dtcli: TensorFlow reads TF_XLA_FLAGS once,
         # and fails every compile whose cache folder is unusable (not a folder, say), so the
-        # flag names only a folder made and writable here (open_xla_cache says why not).
-        if folder is not None and _usable(folder):
+        # flag names only a folder that can be made and written (open_xla_cache makes it, or
+        # says why not). Nothing is made here: importing dtcli writes nothing.
+        if folder is not None and xla_cache_problem(folder) is None:
             flags = os.environ.get("TF_XLA_FLAGS", "")
             os.environ["TF_XLA_FLAGS"] = xla_cache_flags(flags, folder)
 
@@ -58,21 +59,26 @@ def set_runtime_env() -> None:
 _XLA_CACHE_DECIDED: list[bool] = []
 
 
-def _usable(folder: Path) -> bool:
-    try:
-        _make_cache_folder(folder)
-    except OSError:
-        return False
-    return True
+def xla_cache_problem(folder: Path) -> str | None:
+    """Why `folder` cannot hold XLA's cache (made if missing), or None: it, or the nearest
+    folder above it that exists, must be a folder this process can write to."""
+    if re.search(r"\s", str(folder)):
+        return "TF_XLA_FLAGS cannot hold a path with a space"
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
 
 
 def _make_cache_folder(folder: Path) -> None:
-    # TensorFlow splits TF_XLA_FLAGS at spaces.
-    if re.search(r"\s", str(folder)):
-        raise OSError(0, "TF_XLA_FLAGS cannot hold a path with a space")
+    problem = xla_cache_problem(folder)
+    if problem is not None:
+        raise OSError(0, problem)
     folder.mkdir(parents=True, exist_ok=True)
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OSError(0, "not writable")
 
 
 # XLA's persistent compilation cache (TensorFlow's own, `--tf_xla_persistent_cache_directory`):
@@ -156,8 +162,8 @@ def open_xla_cache(environ: Mapping[str, str] | None = None) -> Path | None:
         if named:
             raise UsageError(
                 f"environment {named}={environ[named]}: cannot keep XLA's compiled steps in "
-                f"{folder} ({exc.strerror or exc}); name a writable folder without spaces "
-                f"(or {XLA_CACHE_ENV}=off)"
+                f"{folder} ({exc.strerror or exc}); name a folder dtcli can write to, with no "
+                f"spaces in its path, or set {XLA_CACHE_ENV}=off"
             ) from None
         return None
     return folder

@@ -92,5 +92,11 @@ def test_doctor_says_where_the_xla_cache_is_and_what_it_holds(monkeypatch, tmp_p
     assert check.detail.startswith(f"{folder}: 1 compiled step, 3 MB")
     monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=/mine")
     assert doctor_lib._xla_cache().detail == "not used: TF_XLA_FLAGS names its own folder"
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DTCLI_XLA_CACHE", str(blocker))
+    monkeypatch.setenv("TF_XLA_FLAGS", "")  # as set_runtime_env leaves it for such a folder
+    check = doctor_lib._xla_cache()
+    assert check.status == "warn" and f"{blocker} is not a folder" in check.detail
     monkeypatch.setenv("DTCLI_XLA_CACHE", "off")
     assert doctor_lib._xla_cache().detail.startswith("off")
