@@ -92,8 +92,8 @@ def _xla_cache() -> Check:
     folder = tfruntime.xla_cache_dir(os.environ)
     if folder is None:
         return Check(name, True, "off (every one-device run compiles its steps anew)")
-    if f"--tf_xla_persistent_cache_directory={folder}" not in flags:
-        if "--tf_xla_persistent_cache_directory" in flags:
+    if f"{tfruntime.XLA_CACHE_FLAG}={folder}" not in flags:
+        if tfruntime.XLA_CACHE_FLAG in flags:
             return Check(name, True, "not used: TF_XLA_FLAGS names its own folder")
         why = tfruntime.xla_cache_problem(folder) or "set after dtcli started"
         return Check(name, True, f"not used: {folder}: {why}", warn=True)

@@ -44,8 +44,9 @@ RUNTIME_ENV = {
 def set_runtime_env() -> None:
     for key, value in RUNTIME_ENV.items():
         os.environ.setdefault(key, value)
-    if not _XLA_CACHE_DECIDED:
-        _XLA_CACHE_DECIDED.append(True)
+    global _xla_cache_decided
+    if not _xla_cache_decided:
+        _xla_cache_decided = True
         folder = xla_cache_dir(os.environ)
         # Once per process, at its first import of dtcli: TensorFlow reads TF_XLA_FLAGS once,
         # and fails every compile whose cache folder is unusable (not a folder, say), so the
@@ -56,7 +57,7 @@ def set_runtime_env() -> None:
             os.environ["TF_XLA_FLAGS"] = xla_cache_flags(flags, folder)
 
 
-_XLA_CACHE_DECIDED: list[bool] = []
+_xla_cache_decided = False
 
 
 def xla_cache_problem(folder: Path) -> str | None:
@@ -74,13 +75,6 @@ def xla_cache_problem(folder: Path) -> str | None:
     return None
 
 
-def _make_cache_folder(folder: Path) -> None:
-    problem = xla_cache_problem(folder)
-    if problem is not None:
-        raise OSError(0, problem)
-    folder.mkdir(parents=True, exist_ok=True)
-
-
 # XLA's persistent compilation cache (TensorFlow's own, `--tf_xla_persistent_cache_directory`):
 # a one-device run's compiled train and eval steps are written to disk and the next run of the
 # same steps loads them instead of compiling (measured, tiny_gpt.yaml on 2 cores: the first step
@@ -93,6 +87,7 @@ def _make_cache_folder(folder: Path) -> None:
 # under xla/; DTCLI_XLA_CACHE names another folder, or "off".
 XLA_CACHE_ENV = "DTCLI_XLA_CACHE"
 CACHE_ROOT_ENV = "DTCLI_CACHE_DIR"
+XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
 XLA_CACHE_LIMIT = 1 << 30  # bytes a host's cache keeps; the least recently written go first
 _OFF = ("off", "0", "false", "no")
 _STALE_TMP_SECONDS = 3600  # a temporary entry this old was left by a process that died writing
@@ -104,14 +99,17 @@ def xla_cache_dir(environ: Mapping[str, str]) -> Path | None:
     value = environ.get(XLA_CACHE_ENV, "").strip()
     if value.lower() in _OFF:
         return None
-    if value:
-        base = Path(value).expanduser().absolute()
-    elif environ.get(CACHE_ROOT_ENV):
-        base = Path(environ[CACHE_ROOT_ENV]).expanduser() / "xla"
-    else:
-        home = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        base = Path(home) / "dtcli" / "xla"
+    base = Path(value).expanduser().absolute() if value else cache_root(environ) / "xla"
     return base / _host_key(environ)
+
+
+def cache_root(environ: Mapping[str, str]) -> Path:
+    """dtcli's cache folder (calibrations, XLA's compiled steps), never inside the repository:
+    DTCLI_CACHE_DIR, else $XDG_CACHE_HOME/dtcli, else ~/.cache/dtcli."""
+    root = environ.get(CACHE_ROOT_ENV)
+    if root:
+        return Path(root)
+    return Path(environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "dtcli"
 
 
 def _host_key(environ: Mapping[str, str]) -> str:
@@ -137,11 +135,9 @@ def _host_key(environ: Mapping[str, str]) -> str:
 def xla_cache_flags(flags: str, folder: Path) -> str:
     """TF_XLA_FLAGS with the persistent cache in `folder` added; a user's own cache folder in
     TF_XLA_FLAGS is kept as it is."""
-    if "--tf_xla_persistent_cache_directory" in flags:
+    if XLA_CACHE_FLAG in flags:
         return flags
-    ours = (
-        f"--tf_xla_persistent_cache_directory={folder} --tf_xla_persistent_cache_device_types=CPU"
-    )
+    ours = f"{XLA_CACHE_FLAG}={folder} --tf_xla_persistent_cache_device_types=CPU"
     return f"{flags} {ours}".strip()
 
 
@@ -155,18 +151,22 @@ def open_xla_cache(environ: Mapping[str, str] | None = None) -> Path | None:
     if folder is None:
         return None
     named = next((k for k in (XLA_CACHE_ENV, CACHE_ROOT_ENV) if environ.get(k, "").strip()), None)
-    try:
-        _make_cache_folder(folder)
-        prune_xla_cache(folder.parent, XLA_CACHE_LIMIT)
-    except OSError as exc:
-        if named:
-            raise UsageError(
-                f"environment {named}={environ[named]}: cannot keep XLA's compiled steps in "
-                f"{folder} ({exc.strerror or exc}); name a folder dtcli can write to, with no "
-                f"spaces in its path, or set {XLA_CACHE_ENV}=off"
-            ) from None
-        return None
-    return folder
+    problem = xla_cache_problem(folder)
+    if problem is None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            prune_xla_cache(folder.parent, XLA_CACHE_LIMIT)
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+    if problem is None:
+        return folder
+    if named:
+        raise UsageError(
+            f"environment {named}={environ[named]}: cannot keep XLA's compiled steps in "
+            f"{folder} ({problem}); name a folder dtcli can write to, with no spaces in its "
+            f"path, or set {XLA_CACHE_ENV}=off"
+        )
+    return None
 
 
 def drop_unreadable_xla_cache(message: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -202,7 +202,7 @@ def prune_xla_cache(folder: Path, limit: int, now: float | None = None) -> list[
     for path in folder.rglob("*"):
         with contextlib.suppress(FileNotFoundError):
             stat = path.stat()
-            if path.suffix == ".tmp" or ".tmp" in path.name:
+            if ".tmp" in path.name:
                 if now - stat.st_mtime > _STALE_TMP_SECONDS:
                     path.unlink()
                     removed.append(path)

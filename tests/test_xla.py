@@ -259,6 +259,24 @@ def test_a_cache_folder_the_user_named_that_cannot_be_made_is_one_usage_error(tm
     assert made.is_dir() and made.parent == tmp_path / "ok"
 
 
+def train_on_one_device(out: Path, cache: Path):
+    """The quick start for one epoch on one device (its steps compiled by XLA), in a fresh
+    process whose XLA cache is `cache`."""
+    return dtcli(
+        "train",
+        ROOT / "recipes" / "quickstart.yaml",
+        "--mesh",
+        "batch=1",
+        "--devices",
+        "cpu:1",
+        "--set",
+        "train.epochs=1",
+        "--out",
+        out,
+        extra_env={"DTCLI_XLA_CACHE": str(cache)},
+    )
+
+
 @pytest.mark.slow
 def test_a_second_run_loads_its_compiled_steps_from_the_xla_cache(tmp_path):
     """Fresh processes train the same one-device steps: the first writes XLA's compiled train
@@ -267,19 +285,7 @@ def test_a_second_run_loads_its_compiled_steps_from_the_xla_cache(tmp_path):
     cache = tmp_path / "xla"
 
     def train(name: str) -> list[dict]:
-        result = dtcli(
-            "train",
-            ROOT / "recipes" / "quickstart.yaml",
-            "--mesh",
-            "batch=1",
-            "--devices",
-            "cpu:1",
-            "--set",
-            "train.epochs=1",
-            "--out",
-            tmp_path / name,
-            extra_env={"DTCLI_XLA_CACHE": str(cache)},
-        )
+        result = train_on_one_device(tmp_path / name, cache)
         assert result.returncode == 0, result.stderr
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line) for line in lines]
@@ -312,17 +318,7 @@ def test_a_cache_folder_that_cannot_be_made_exits_2_naming_it(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     run = tmp_path / "run"
-    result = dtcli(
-        "train",
-        ROOT / "recipes" / "quickstart.yaml",
-        "--mesh",
-        "batch=1",
-        "--devices",
-        "cpu:1",
-        "--out",
-        run,
-        extra_env={"DTCLI_XLA_CACHE": str(blocker / "sub")},
-    )
+    result = train_on_one_device(run, blocker / "sub")
     assert result.returncode == 2
     assert len(result.err_lines) == 1 and "environment DTCLI_XLA_CACHE=" in result.err_lines[0]
     assert not run.exists()

@@ -25,8 +25,9 @@ from typing import Any
 
 from dtcli.autoplan.cost import Rates
 from dtcli.errors import UsageError
+from dtcli.tfruntime import CACHE_ROOT_ENV, cache_root
 
-CACHE_ENV = "DTCLI_CACHE_DIR"
+CACHE_ENV = CACHE_ROOT_ENV
 CACHE_FILE = "calibration.json"
 PROBE_VERSION = 2  # a cached entry of another version is measured again
 CHAIN = 24  # dependent collectives or ops per timed call
@@ -35,12 +36,8 @@ STREAM_FLOATS = 2**20  # 4 MiB of float32 per device per element-wise op
 
 
 def cache_path() -> Path:
-    """Where calibrations are kept: never inside the repository."""
-    root = os.environ.get(CACHE_ENV)
-    if root:
-        return Path(root) / CACHE_FILE
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dtcli" / CACHE_FILE
+    """Where calibrations are kept: dtcli's cache folder, never inside the repository."""
+    return cache_root(os.environ) / CACHE_FILE
 
 
 def device_kind(device_type: str, count: int) -> str:
