@@ -103,8 +103,8 @@ def _xla_cache() -> Check:
         name,
         True,
         f"{folder}: {len(entries)} compiled step{'' if len(entries) == 1 else 's'}, "
-        f"{size:.0f} MB (a one-device run loads its "
-        f"steps from here instead of compiling them; at most "
+        f"{size:.0f} MB (a one-device run on the CPU loads its "
+        f"steps from here instead of compiling them; GPU steps are not kept; at most "
         f"{tfruntime.XLA_CACHE_LIMIT / 2**30:.0f} GB, '{name}=off' turns it off)",
     )
 

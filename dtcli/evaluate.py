@@ -8,17 +8,15 @@ restored into it: TensorFlow relays each saved shard out onto the new layouts.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
 from dtcli import recipe as recipe_lib
-from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
-from dtcli.rundir import ATTEMPTS, checkpoint_recipe, find_checkpoint, tokenizer_file
+from dtcli.rundir import checkpoint_recipe, find_checkpoint, read_checkpoint, tokenizer_file
 from dtcli.tables import Column, print_table
 
 __all__ = [
@@ -55,56 +53,29 @@ def evaluate_path(
     batch_size: int | None = None,
 ) -> dict[str, Any]:
     """`dtcli eval`: a checkpoint folder, or a run directory's newest intact checkpoint, on the
-    mesh it was trained on or another one."""
+    mesh it was trained on or another one. Its files are held open from their verification to
+    the restore (rundir.read_checkpoint): a run in training that removes it meanwhile (train.keep)
+    takes nothing from under the read, and recipe and weights are one checkpoint's."""
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: expected eval or train")
-    found = find_checkpoint(path)
-    given = ckpt_lib.looks_like_checkpoint(storage.as_path(path))  # not a run directory
-    newest = None if given else lambda: find_checkpoint(path)
-    found, recipe = read_held(
-        found, newest, lambda held: checkpoint_recipe(held, overrides, batch_size)
-    )
-    return evaluate_checkpoint(found, recipe, split, newest, devices_lib.key_for(overrides.devices))
+    devices_key = devices_lib.key_for(overrides.devices)
 
+    def read(checkpoint: Path, held: Path) -> dict[str, Any]:
+        recipe = checkpoint_recipe(held, overrides, batch_size)
+        return evaluate_checkpoint(checkpoint, held, recipe, split, devices_key)
 
-def read_held(checkpoint: Path, newest: Any, read: Callable[[Path], Any]) -> tuple[Path, Any]:
-    """(the checkpoint read, `read(held)`): `checkpoint` read while its files are held open.
-
-    A run that is training removes its older checkpoints (train.keep), maybe this one before
-    its files could be held: `newest()` (a run directory given) finds the newest again, as
-    often as ATTEMPTS; a checkpoint folder given that goes is one error."""
-    for _ in range(ATTEMPTS):
-        try:
-            with ckpt_lib.held(checkpoint) as held:
-                return checkpoint, read(held)
-        except Exception:  # TensorFlow's NotFoundError too: what matters is whether it is gone
-            if not ckpt_lib.removed(checkpoint):
-                raise  # really damaged, or another model's
-            if newest is None:
-                raise UsageError(
-                    f"CHECKPOINT {str(checkpoint)!r}: removed while it was read (a run in "
-                    "training keeps only its newest train.keep checkpoints); give the run "
-                    "directory to evaluate its newest"
-                ) from None
-        checkpoint = newest()
-    raise UsageError(
-        f"CHECKPOINT {str(checkpoint.parent.parent)!r}: the run removed {ATTEMPTS} checkpoints "
-        "in a row before one could be read (it saves faster than they can be read, keeping "
-        "only train.keep); evaluate a copy of one, or give it a larger train.keep"
-    )
+    return read_checkpoint(path, read)
 
 
 def evaluate_checkpoint(
     checkpoint: Path,
+    held: Path,
     recipe: Recipe,
     split: str = "eval",
-    newest: Any = None,
     devices_key: str = devices_lib.RECIPE_KEY,
 ) -> dict[str, Any]:
-    """Restore `checkpoint` onto `recipe`'s mesh and evaluate it on every example of `split`.
-
-    A run that is training removes its older checkpoints (train.keep), maybe the one found
-    before the session was built: `newest()` (a run directory given) finds the newest again."""
+    """Restore `checkpoint`, read through `held` (the folder checkpoint.held gives, or the
+    checkpoint itself), onto `recipe`'s mesh and evaluate it on every example of `split`."""
     from dtcli import session as session_lib
     from dtcli import steps as steps_lib
     from dtcli.mesh import mesh_text
@@ -119,13 +90,9 @@ def evaluate_checkpoint(
         devices_key=devices_key,
         tokenizer_file=tokenizer_file(checkpoint),
     )
-
-    def restore(held: Path) -> dict[str, Any]:
-        ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)
-        ckpt.restore(held, session.model.weights, partial=True)
-        return ckpt_lib.read_meta(held)
-
-    checkpoint, meta = read_held(checkpoint, newest, restore)
+    ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)
+    ckpt.restore(held, session.model.weights, partial=True)
+    meta = ckpt_lib.read_meta(held)
     _, eval_step = steps_lib.make_steps(session)
     feed = session.eval_feed
     if split == "train":

@@ -22,22 +22,26 @@ from dtcli.recipe import Recipe
 def export_path(path: Path, out: Path) -> Path:
     """`dtcli export`: a checkpoint folder, or a run directory's newest intact checkpoint, with
     the recipe stored with it."""
-    found = rundir.find_checkpoint(path)
-    return export(found, rundir.checkpoint_recipe(found), out)
+    return rundir.read_checkpoint(
+        path, lambda found, held: export(found, rundir.checkpoint_recipe(held), out, held)
+    )
 
 
-def export(checkpoint: Path, recipe: Recipe, out: Path) -> Path:
+def export(checkpoint: Path, recipe: Recipe, out: Path, held: Path | None = None) -> Path:
+    """`checkpoint` as a SavedModel at `out`; its files read through `held` where given (the
+    folder checkpoint.held gives: a run in training may remove the checkpoint meanwhile)."""
     from dtcli import models, tfruntime
 
+    held = checkpoint if held is None else held
     out = _check_out(out)
-    meta = ckpt_lib.read_meta(checkpoint)
+    meta = ckpt_lib.read_meta(held)
     input_shape, num_classes = _shapes(checkpoint, meta)
     # Plain variables on the host's first CPU: no mesh, so no device configuration either.
     tf = tfruntime.import_tensorflow()
     with tf.device("/CPU:0"):
         model = models.build_plain(recipe.model, input_shape, num_classes)
         try:
-            tf.train.Checkpoint(model=model).read(str(checkpoint / "ckpt")).expect_partial()
+            tf.train.Checkpoint(model=model).read(str(held / "ckpt")).expect_partial()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
             raise UsageError(
                 f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 from conftest import _bench_script
 
 nanogpt = _bench_script("nanogpt")
+variants = _bench_script("variants")
 
 
 def read_ids(folder) -> np.ndarray:
@@ -56,3 +58,35 @@ def test_flops_per_token_is_nanogpts_estimate():
     params = vocab * width + layers * (12 * width * width + 2 * width) + width
     want = 6 * params + 12 * layers * width * context
     assert nanogpt.flops_per_token(nanogpt.GPU, width, vocab) == want
+
+
+def test_variants_count_the_runs_that_trained_and_give_each_its_environment():
+    """A reliability question (do bf16 XLA steps go NaN on a GPU?) is a count over repeats: a
+    failed run is one of a variant's runs, not the end of the benchmark, and --env reaches only
+    its variant."""
+    parsed = variants.parse_variants(
+        ["default:", "tuned:train.precision=bf16,data.batch_size=8"],
+        ["tuned:XLA_FLAGS=--xla_gpu_autotune_level=0 --xla_dump_to=/tmp/x"],
+    )
+    assert parsed == [
+        ("default", [], {}),
+        (
+            "tuned",
+            ["train.precision=bf16", "data.batch_size=8"],
+            {"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_dump_to=/tmp/x"},
+        ),
+    ]
+    for bad in ("nobody:A=1", "tuned:A", "tuned:=1"):
+        with pytest.raises(SystemExit, match="expected NAME:VAR=VALUE"):
+            variants.parse_variants(["tuned:"], [bad])
+
+    ok = {"s_per_step": 0.01, "tokens_per_sec": 100.0, "compile_seconds": 2.0, "eval_loss": 2.5}
+    runs = [
+        ok,
+        {"error": "exit 1: error: non-finite training loss (nan)"},
+        {**ok, "eval_loss": 2.7},
+    ]
+    summary = variants.summarize(runs)
+    assert summary["trained"] == "2/3" and summary["eval_loss"] == pytest.approx(2.6)
+    assert summary["errors"] == ["exit 1: error: non-finite training loss (nan)"]
+    assert variants.summarize([runs[1]])["s_per_step"] is None

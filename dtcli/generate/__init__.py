@@ -162,14 +162,18 @@ class Generator:
         devices: str | None = None,
         use_devices: int | None = None,
     ):
-        found = rundir.find_checkpoint(storage.as_path(path))
-        recipe = rundir.checkpoint_recipe(found, Overrides(mesh=mesh, devices=devices))
-        if recipe.task != "language_model":
-            raise UsageError(
-                f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
-                f"language_model); this run's task is {recipe.task}"
-            )
-        self.session = _restored_session(found, recipe, use_devices, devices_lib.key_for(devices))
+        def restore(found: Path, held: Path) -> tuple[Recipe, Any]:
+            recipe = rundir.checkpoint_recipe(held, Overrides(mesh=mesh, devices=devices))
+            if recipe.task != "language_model":
+                raise UsageError(
+                    f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
+                    f"language_model); this run's task is {recipe.task}"
+                )
+            key = devices_lib.key_for(devices)
+            return recipe, _restored_session(found, held, recipe, use_devices, key)
+
+        # Held open from verification to restore: a run in training may remove it (train.keep).
+        recipe, self.session = rundir.read_checkpoint(storage.as_path(path), restore)
         self.context = int(self.session.data.input_shape[0])
         # text and tokens, the language-model sources, give one
         self.tokenizer = self.session.data.tokenizer
@@ -336,7 +340,7 @@ def write(
 
 
 def _restored_session(
-    found: Path, recipe: Recipe, use_devices: int | None, devices_key: str
+    found: Path, held: Path, recipe: Recipe, use_devices: int | None, devices_key: str
 ) -> Any:
     """A session on the target mesh, without data, with the checkpoint restored into it."""
     from dtcli import tfruntime
@@ -356,6 +360,6 @@ def _restored_session(
     # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
     for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    ckpt = ckpt_lib.Checkpointer(found.parent, {"model": session.model.module}, keep=1)
-    ckpt.restore(found, session.model.weights, partial=True)
+    ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, keep=1)
+    ckpt.restore(held, session.model.weights, partial=True)
     return session

@@ -15,10 +15,10 @@ This module alone knows what a run directory holds and where:
     .dtcli.lock        held (flock) by the one process writing the run
 
 Commands open a run through it: `create` for a new run, `open_for_resume` to continue one,
-`find_checkpoint` to read one (eval, export), `metrics_file` to plot one. A run's folder is
-created and locked before any TensorFlow work, so a second writer fails at once; a run that fails
-before it has a complete checkpoint is removed again, and a failed resume leaves every file as it
-was.
+`read_checkpoint` to read one held open (eval, export, generate), `metrics_file` to plot one. A
+run's folder is created and locked before any TensorFlow work, so a second writer fails at once;
+a run that fails before it has a complete checkpoint is removed again, and a failed resume leaves
+every file as it was.
 
 The lock is dtcli.rundir.lock, finding checkpoints dtcli.rundir.find, the recipe of a resumed run
 or a checkpoint dtcli.rundir.resume.
@@ -55,6 +55,7 @@ from dtcli.rundir.find import (
     complete_checkpoints,
     find_checkpoint,
     latest_intact,
+    read_checkpoint,
     require_intact,
 )
 from dtcli.rundir.lock import Lock, held_by, held_error
@@ -97,6 +98,7 @@ __all__ = [
     "find_checkpoint",
     "held_by",
     "latest_intact",
+    "read_checkpoint",
     "metrics_file",
     "open_for_resume",
     "os_reason",

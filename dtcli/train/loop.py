@@ -211,15 +211,16 @@ class EpochLoop:
 
 
 def non_finite_hint(session: Session) -> str:
-    """What to try after a non-finite loss. On a GPU, bf16 steps compiled by XLA went NaN at the
-    second step of a run that trains in float32 and on DTensor (an H200, ptxas 12.5; XLA warns
-    that ptxas up to 12.6.2 miscompiles clamping): there the learning rate is not the suspect."""
+    """What to try after a non-finite loss. On a GPU (an H200), bf16 steps compiled by XLA went
+    NaN at the second step in some runs and trained in identical others (ptxas 12.5, and 12.9:
+    1 of 3), where float32 and DTensor trained each time: there the learning rate is not the
+    suspect, and a rerun may train."""
     gpu = session.devices.device_type == "GPU"
     if gpu and session.xla and session.recipe.train.precision == "bf16":
         return (
-            "bf16 steps compiled by XLA have gone NaN on a GPU where the same run trained in "
-            "float32 and on DTensor (README, Benchmarks): try train.precision=float32 or "
-            "train.compile=dtensor first, then a lower optimizer.learning_rate"
+            "bf16 steps compiled by XLA go NaN on a GPU in some runs that identical runs train "
+            "(README, Benchmarks): try train.precision=float32 or train.compile=dtensor first, "
+            "then a lower optimizer.learning_rate"
         )
     return "try a lower optimizer.learning_rate"
 
