@@ -19,6 +19,7 @@ from conftest import QUICK, ROOT, SHORT, checkpoint_tensors, dtcli, env, snapsho
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import metrics, rundir
+from dtcli.errors import UsageError
 
 
 def max_rel_diff(a: dict, b: dict) -> float:
@@ -139,6 +140,31 @@ def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
         "read (a run in training keeps only its newest train.keep checkpoints); give the run "
         "directory to read its newest"
     ], r.err
+
+
+def test_a_read_retries_only_what_removal_caused(trained_run, tmp_path):
+    """read_checkpoint holds the checkpoint; where a read still fails and the checkpoint is gone
+    (remote storage, which cannot be held), the run's newest is read anew; the user's own error
+    (a mesh that does not fit, say) is raised at once, whatever the run removed meanwhile."""
+    run = copy_run(trained_run, tmp_path)
+    calls = []
+
+    def removed_then(error):
+        def read(checkpoint, held):
+            calls.append(checkpoint.name)
+            if len(calls) == 1:
+                shutil.rmtree(checkpoint)  # the trainer's rotation, during the read
+                raise error
+            return ckpt_lib.read_meta(held)["step"]
+
+        return read
+
+    assert rundir.read_checkpoint(run, removed_then(OSError("gone"))) == 6
+    assert calls == ["ckpt-00000009", "ckpt-00000006"]
+    calls.clear()
+    with pytest.raises(UsageError, match="--mesh: does not fit"):
+        rundir.read_checkpoint(run, removed_then(UsageError("--mesh: does not fit")))
+    assert calls == ["ckpt-00000006"]
 
 
 def test_eval_of_a_run_rotating_checkpoints_as_fast_as_it_can_never_fails(

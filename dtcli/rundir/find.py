@@ -129,7 +129,9 @@ def read_checkpoint(
             given = checkpoint == storage.as_path(path)  # a checkpoint folder, not a run
             try:
                 return read(checkpoint, held)
-            except Exception:  # TensorFlow's NotFoundError too: what matters is whether it is gone
+            except Exception as exc:  # TensorFlow's NotFoundError too: whether it is gone matters
+                if isinstance(exc, UsageError) and not isinstance(exc, ckpt_lib.DamagedCheckpoint):
+                    raise  # the user's input (a mesh that does not fit, say), whatever the run did
                 if not ckpt_lib.removed(checkpoint):
                     raise  # really damaged, or another model's
                 if given:
