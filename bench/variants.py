@@ -48,11 +48,13 @@ def run_once(recipe: str, sets: list[str], steps: int, out: Path, env: dict[str,
         errors = [line for line in lines if line.startswith("error")]
         return {"error": f"exit {proc.returncode}: {(errors or lines)[-1][:300]}"}
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    # `seconds` counts the epoch's training time, the first call (compiling) included.
-    trained = last["seconds"] - last["compile_seconds"]
+    # `seconds` counts the epoch's training time, the first call (compiling) included: both
+    # figures are of the steps after it. (--steps sets eval_every: one record, every step.)
+    s_per_step = (last["seconds"] - last["compile_seconds"]) / (steps - 1)
+    tokens = last.get("train_tokens")  # language models
     return {
-        "s_per_step": trained / (steps - 1),
-        "tokens_per_sec": last.get("tokens_per_sec"),
+        "s_per_step": s_per_step,
+        "tokens_per_sec": None if tokens is None else tokens / steps / s_per_step,
         "compile_seconds": last["compile_seconds"],
         "eval_loss": last["eval_loss"],
     }
@@ -62,17 +64,23 @@ FIGURES = ("s_per_step", "tokens_per_sec", "compile_seconds", "eval_loss")
 
 
 def parse_variants(texts: list[str], envs: list[str]) -> list[tuple[str, list[str], dict]]:
-    """(name, --set values, environment) per `--variant NAME:k=v,k=v`, with its `--env`s."""
+    """(name, --set values, environment) per `--variant NAME:k=v,k=v`, with its `--env`s.
+    ValueError, naming the argument, for a name given twice or an --env that is no
+    NAME:VAR=VALUE of a variant."""
     variants = []
     for text in texts:
         name, _, rest = text.partition(":")
+        if not name or any(name == other for other, _, _ in variants):
+            raise ValueError(f"--variant {text!r}: expected a NAME no other variant has")
         variants.append((name, [s for s in rest.split(",") if s], {}))
     by_name = {name: env for name, _, env in variants}
     for text in envs:
-        name, _, assignment = text.partition(":")
+        name, colon, assignment = text.partition(":")
         var, eq, value = assignment.partition("=")
-        if name not in by_name or not eq or not var:
-            raise SystemExit(f"--env {text!r}: expected NAME:VAR=VALUE for a --variant NAME")
+        if not colon or not eq or not var:
+            raise ValueError(f"--env {text!r}: expected NAME:VAR=VALUE")
+        if name not in by_name:
+            raise ValueError(f"--env {text!r}: no --variant is named {name!r}")
         by_name[name][var] = value
     return variants
 
@@ -80,7 +88,10 @@ def parse_variants(texts: list[str], envs: list[str]) -> list[tuple[str, list[st
 def summarize(runs: list[dict]) -> dict:
     """Medians over the runs that trained, how many did, and the failed runs' errors."""
     good = [run for run in runs if "error" not in run]
-    summary = {key: statistics.median(r[key] for r in good) if good else None for key in FIGURES}
+    summary = {}
+    for key in FIGURES:  # tokens/s: language models only
+        values = [r[key] for r in good if r[key] is not None]
+        summary[key] = statistics.median(values) if values else None
     summary["trained"] = f"{len(good)}/{len(runs)}"
     summary["errors"] = [run["error"] for run in runs if "error" in run]
     return summary
@@ -95,10 +106,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    if args.steps < 2:  # the first step (compiling) is not timed
+        parser.error(f"--steps {args.steps}: expected at least 2")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: expected at least 1")
+    try:
+        variants = parse_variants(args.variant, args.env)
+    except ValueError as exc:
+        parser.error(str(exc))
     common = list(args.sets)
     if SHAKESPEARE.is_file() and not any(s.startswith("data.path=") for s in common):
         common.append(f"data.path={SHAKESPEARE}")
-    variants = parse_variants(args.variant, args.env)
     results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
@@ -109,12 +127,12 @@ def main() -> None:
     summary = {name: summarize(runs) for name, runs in results.items()}
     for name, s in summary.items():
         if s["s_per_step"] is None:
-            print(f"{name:>12}: trained {s['trained']}")
+            print(f"{name:>12}: trained {s['trained']}; {s['errors'][0]}")
             continue
+        rate = "-" if s["tokens_per_sec"] is None else f"{s['tokens_per_sec']:,.0f}"
         print(
-            f"{name:>12}: {s['s_per_step'] * 1e3:9.1f} ms/step  {s['tokens_per_sec']:9,.0f} "
-            f"tokens/s  first call {s['compile_seconds']:6.1f} s  eval loss "
-            f"{s['eval_loss']:.4f}  trained {s['trained']}"
+            f"{name:>12}: {s['s_per_step'] * 1e3:9.1f} ms/step  {rate:>9} tokens/s  first call "
+            f"{s['compile_seconds']:6.1f} s  eval loss {s['eval_loss']:.4f}  trained {s['trained']}"
         )
     print(json.dumps(summary))
     if any(s["errors"] for s in summary.values()):

@@ -117,8 +117,12 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
 def read_meta(checkpoint: Path) -> dict[str, Any]:
     """meta.json of a checkpoint, checked to be whole; DamagedCheckpoint otherwise."""
     checkpoint = storage.as_path(checkpoint)
+    path = checkpoint / META
+    # A folder, a named pipe (whose open would block), a link to nothing: never opened.
+    if not storage.is_remote(path) and not path.is_file() and (path.exists() or path.is_symlink()):
+        raise DamagedCheckpoint(checkpoint, f"{META} is not a file")
     try:
-        text = (checkpoint / META).read_text()
+        text = path.read_text()
     except FileNotFoundError:
         raise DamagedCheckpoint(checkpoint, f"it has no {META}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -151,7 +155,9 @@ def verify(checkpoint: Path) -> dict[str, Any]:
     for name, want in meta["files"].items():
         path = checkpoint / name
         if not path.is_file():
-            raise DamagedCheckpoint(checkpoint, f"{name} is missing")
+            there = path.exists() or path.is_symlink()  # a folder, a pipe, a link to nothing
+            what = "is not a file" if there else "is missing"
+            raise DamagedCheckpoint(checkpoint, f"{name} {what}")
         size = path.stat().st_size
         if size != want.get("size"):
             raise DamagedCheckpoint(

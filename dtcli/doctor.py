@@ -15,6 +15,7 @@ from typing import Any
 
 from dtcli import devices as devices_lib
 from dtcli import tfruntime
+from dtcli.errors import UsageError
 from dtcli.mesh import mesh_text
 from dtcli.tables import Column, print_table
 
@@ -95,7 +96,17 @@ def _xla_cache() -> Check:
     if f"{tfruntime.XLA_CACHE_FLAG}={folder}" not in flags:
         if tfruntime.XLA_CACHE_FLAG in flags:
             return Check(name, True, "not used: TF_XLA_FLAGS names its own folder")
-        why = tfruntime.xla_cache_problem(folder) or "set after dtcli started"
+        why = tfruntime.xla_cache_problem(folder)
+        if why is None:
+            return Check(name, True, f"not used: {folder}: set after dtcli started", warn=True)
+        named = [k for k in (name, tfruntime.CACHE_ROOT_ENV) if os.environ.get(k, "").strip()]
+        if named:  # a folder the user named: every one-device run refuses it (exit 2)
+            return Check(
+                name,
+                False,
+                f"{named[0]}={os.environ[named[0]]}: cannot keep XLA's compiled steps in "
+                f"{folder} ({why}); name a folder dtcli can write to, or set {name}=off",
+            )
         return Check(name, True, f"not used: {folder}: {why}", warn=True)
     entries = list(folder.glob("*.pb")) if folder.is_dir() else []
     size = sum(p.stat().st_size for p in entries) / 2**20
@@ -282,7 +293,10 @@ def run(spec: str | None = None, probe: bool = True) -> list[Check]:
         runtime = _runtime_probe(devices)
         checks.append(runtime)
         if runtime.ok:
-            checks += _dtcli_probe(devices)
+            try:
+                checks += _dtcli_probe(devices)
+            except UsageError as exc:  # the setting a check above names (DTCLI_XLA_CACHE, say)
+                checks.append(Check("probe: dtcli train steps", False, f"not run: {exc}"))
         else:  # DTensor's own numbers are wrong here: dtcli's, built on them, would say nothing
             checks.append(
                 Check(

@@ -18,6 +18,7 @@ import fnmatch
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -310,7 +311,9 @@ def held_open(folder: Path) -> Iterator[Path]:
     """A private folder of links to `folder`'s files, each held open meanwhile: what is read
     through it stays readable if `folder` is removed (a file open is not freed). Where files
     cannot be held (a remote file system, no /proc/self/fd), `folder` itself. FileNotFoundError
-    when a file goes before it is open."""
+    when a file goes before it is open. Only regular files are held: anything else (a named
+    pipe, whose open would block; a link to nothing; a socket; a folder) is linked by its path,
+    never opened, so a reader sees it is there and no file."""
     if is_remote(folder) or not _FD_LINKS.is_dir():
         yield folder
         return
@@ -319,7 +322,21 @@ def held_open(folder: Path) -> Iterator[Path]:
         private = private / folder.name
         private.mkdir()
         for path in folder.iterdir():
-            fd = os.open(path, os.O_RDONLY)
+            if not _is_regular(path):
+                os.symlink(path, private / path.name)
+                continue
+            # O_NONBLOCK: a regular file swapped for a pipe since its stat does not block either.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             stack.callback(os.close, fd)
             os.symlink(_FD_LINKS / str(fd), private / path.name)
         yield private
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether `path` is (or links to) a regular file; FileNotFoundError when it is gone."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            raise  # removed meanwhile
+        return False  # a link to nothing

@@ -741,7 +741,9 @@ CASES: dict[str, Case] = {
     "out in /proc": c("train", "{q}", "--out", "/proc/dtcli-run", expect="--out"),
     # a name over the file system's limit (255 bytes): File name too long
     **{
-        f"{where} name too long": c(*args, expect=f"{arg} '{path}': a name in it is longer")
+        f"{where} name too long": c(
+            *args, expect=f"{arg} '{path}': a name in it, or the whole path, is longer"
+        )
         for where, arg, args in (
             ("train out", "--out", ("train", "{q}", "--out", LONG)),
             ("train out parent", "--out", ("train", "{q}", "--out", f"{LONG}/run")),

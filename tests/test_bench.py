@@ -76,9 +76,16 @@ def test_variants_count_the_runs_that_trained_and_give_each_its_environment():
             {"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_dump_to=/tmp/x"},
         ),
     ]
-    for bad in ("nobody:A=1", "tuned:A", "tuned:=1"):
-        with pytest.raises(SystemExit, match="expected NAME:VAR=VALUE"):
+    for bad, why in [
+        ("nobody:A=1", "no --variant is named 'nobody'"),
+        ("tuned:A", "expected NAME:VAR=VALUE"),
+        ("tuned:=1", "expected NAME:VAR=VALUE"),
+        ("A=1", "expected NAME:VAR=VALUE"),
+    ]:
+        with pytest.raises(ValueError, match=why):
             variants.parse_variants(["tuned:"], [bad])
+    with pytest.raises(ValueError, match="--variant 'a:x=1': expected a NAME no other variant"):
+        variants.parse_variants(["a:", "a:x=1"], [])
 
     ok = {"s_per_step": 0.01, "tokens_per_sec": 100.0, "compile_seconds": 2.0, "eval_loss": 2.5}
     runs = [
@@ -90,3 +97,5 @@ def test_variants_count_the_runs_that_trained_and_give_each_its_environment():
     assert summary["trained"] == "2/3" and summary["eval_loss"] == pytest.approx(2.6)
     assert summary["errors"] == ["exit 1: error: non-finite training loss (nan)"]
     assert variants.summarize([runs[1]])["s_per_step"] is None
+    classifier = {**ok, "tokens_per_sec": None}  # no tokens: no rate, and no error either
+    assert variants.summarize([classifier, classifier])["tokens_per_sec"] is None

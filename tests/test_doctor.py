@@ -96,6 +96,12 @@ def test_doctor_says_where_the_xla_cache_is_and_what_it_holds(monkeypatch, tmp_p
     blocker.write_text("not a folder")
     monkeypatch.setenv("DTCLI_XLA_CACHE", str(blocker))
     monkeypatch.setenv("TF_XLA_FLAGS", "")  # as set_runtime_env leaves it for such a folder
+    check = doctor_lib._xla_cache()  # named by the user: a one-device run refuses it (exit 2)
+    assert check.status == "FAIL" and f"{blocker} is not a folder" in check.detail
+    assert check.detail.startswith(f"DTCLI_XLA_CACHE={blocker}: cannot keep")
+    monkeypatch.delenv("DTCLI_XLA_CACHE")  # the default folder unusable: runs go on without it
+    monkeypatch.delenv("DTCLI_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     check = doctor_lib._xla_cache()
     assert check.status == "warn" and f"{blocker} is not a folder" in check.detail
     monkeypatch.setenv("DTCLI_XLA_CACHE", "off")

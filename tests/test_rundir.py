@@ -18,7 +18,7 @@ import yaml
 from conftest import QUICK, ROOT, SHORT, checkpoint_tensors, dtcli, env, snapshot
 
 from dtcli import checkpoint as ckpt_lib
-from dtcli import metrics, rundir
+from dtcli import metrics, rundir, storage
 from dtcli.errors import UsageError
 
 
@@ -122,6 +122,9 @@ def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
     assert warnings == []
     monkeypatch.setattr(ckpt_lib, "verify", verify)
 
+    # Held open (checkpoint.held), a checkpoint removed during its restore is still read whole;
+    # where files cannot be held (remote storage, as here), the run's newest is read again.
+    monkeypatch.setattr(storage, "_FD_LINKS", tmp_path / "no-proc-fd")
     run = copy_run(trained_run, tmp_path, "run2")
     restore = ckpt_lib.Checkpointer.restore
 
@@ -142,11 +145,24 @@ def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(
     ], r.err
 
 
-def test_a_read_retries_only_what_removal_caused(trained_run, tmp_path):
-    """read_checkpoint holds the checkpoint; where a read still fails and the checkpoint is gone
-    (remote storage, which cannot be held), the run's newest is read anew; the user's own error
-    (a mesh that does not fit, say) is raised at once, whatever the run removed meanwhile."""
+def test_a_read_retries_only_what_removal_caused(trained_run, tmp_path, monkeypatch):
+    """read_checkpoint holds the checkpoint: a read that fails failed on its own, and is not
+    retried. Where files cannot be held (remote storage) and a read fails with the checkpoint
+    gone, the run's newest is read anew; the user's own error (a mesh that does not fit, say)
+    is raised at once, whatever the run removed meanwhile."""
     run = copy_run(trained_run, tmp_path)
+    calls = []
+
+    def failing(checkpoint, held):
+        calls.append(checkpoint.name)
+        shutil.rmtree(checkpoint)  # the trainer's rotation, during the read
+        raise OSError("its own failure")
+
+    with pytest.raises(OSError, match="its own failure"):
+        rundir.read_checkpoint(run, failing)
+    assert calls == ["ckpt-00000009"]
+    run = copy_run(trained_run, tmp_path, "unheld")
+    monkeypatch.setattr(storage, "_FD_LINKS", tmp_path / "no-proc-fd")
     calls = []
 
     def removed_then(error):
@@ -165,6 +181,36 @@ def test_a_read_retries_only_what_removal_caused(trained_run, tmp_path):
     with pytest.raises(UsageError, match="--mesh: does not fit"):
         rundir.read_checkpoint(run, removed_then(UsageError("--mesh: does not fit")))
     assert calls == ["ckpt-00000006"]
+
+
+def test_what_is_no_file_in_a_checkpoint_is_never_opened(trained_run, tmp_path, monkeypatch):
+    """A named pipe (whose open would block), a link to nothing and a socket in a checkpoint
+    folder: ignored as strays; in place of a checkpoint file, the checkpoint is damaged (one
+    line), never a hang or an unexpected error."""
+    import socket
+
+    source = trained_run / "checkpoints" / "ckpt-00000009"
+    stray = tmp_path / "stray"
+    shutil.copytree(source, stray)
+    os.mkfifo(stray / "a.pipe")
+    (stray / "a.link").symlink_to(tmp_path / "nothing")
+    server = socket.socket(socket.AF_UNIX)
+    monkeypatch.chdir(stray)  # a socket's path is limited to 107 bytes
+    server.bind("a.sock")
+    try:
+        with ckpt_lib.held(stray) as held:
+            assert ckpt_lib.verify(held)["step"] == 9
+        for name in ("ckpt.index", "meta.json"):
+            for kind, make in [("pipe", os.mkfifo), ("link", lambda p: p.symlink_to("nothing"))]:
+                broken = tmp_path / f"{name}-{kind}"
+                shutil.copytree(source, broken)
+                (broken / name).unlink()
+                make(broken / name)
+                with pytest.raises(ckpt_lib.DamagedCheckpoint, match=f"{name} is not a file"):
+                    with ckpt_lib.held(broken) as held:
+                        ckpt_lib.verify(held)
+    finally:
+        server.close()
 
 
 def test_eval_of_a_run_rotating_checkpoints_as_fast_as_it_can_never_fails(

@@ -58,8 +58,8 @@ def reachable(arg: str, path: Any) -> Iterator[None]:
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:  # a user's name, not a fault of the file system
             raise UsageError(
-                f"{arg} {str(path)!r}: a name in it is longer than the file system allows "
-                f"({os_reason(exc)}); give a shorter one"
+                f"{arg} {str(path)!r}: a name in it, or the whole path, is longer than the "
+                f"file system allows ({os_reason(exc)}); give a shorter one"
             ) from None
         if not storage.is_remote(path):
             raise

@@ -130,6 +130,8 @@ def read_checkpoint(
             try:
                 return read(checkpoint, held)
             except Exception as exc:  # TensorFlow's NotFoundError too: whether it is gone matters
+                if held != checkpoint:
+                    raise  # its files held, removing it took nothing: the read's own failure
                 if isinstance(exc, UsageError) and not isinstance(exc, ckpt_lib.DamagedCheckpoint):
                     raise  # the user's input (a mesh that does not fit, say), whatever the run did
                 if not ckpt_lib.removed(checkpoint):
