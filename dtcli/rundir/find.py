@@ -120,8 +120,9 @@ def read_checkpoint(
     (`checkpoint.held`; read them through `held`) from its verification to the read's end.
 
     A run in training removes its older checkpoints as it saves (train.keep), maybe this one:
-    held, it stays whole. Where files cannot be held (remote storage) and it goes during the
-    read, a run directory's newest is found again, up to ATTEMPTS times; a checkpoint folder
+    held, it stays whole, so a read that fails failed on its own and is raised as it is. Where
+    files cannot be held (remote storage) and it goes during the read, a run directory's newest
+    is found again, up to ATTEMPTS times (never after the user's own error); a checkpoint folder
     given that goes is one error."""
     for _ in range(ATTEMPTS):
         with contextlib.ExitStack() as keep:
