@@ -114,12 +114,17 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def _no_file(path: Path) -> bool:
+    """Whether something that is no regular file is at `path`: a folder, a named pipe, a
+    socket, a link to nothing (never opened)."""
+    return not path.is_file() and (path.exists() or path.is_symlink())
+
+
 def read_meta(checkpoint: Path) -> dict[str, Any]:
     """meta.json of a checkpoint, checked to be whole; DamagedCheckpoint otherwise."""
     checkpoint = storage.as_path(checkpoint)
     path = checkpoint / META
-    # A folder, a named pipe (whose open would block), a link to nothing: never opened.
-    if not storage.is_remote(path) and not path.is_file() and (path.exists() or path.is_symlink()):
+    if not storage.is_remote(path) and _no_file(path):  # a named pipe's open would block
         raise DamagedCheckpoint(checkpoint, f"{META} is not a file")
     try:
         text = path.read_text()
@@ -155,8 +160,7 @@ def verify(checkpoint: Path) -> dict[str, Any]:
     for name, want in meta["files"].items():
         path = checkpoint / name
         if not path.is_file():
-            there = path.exists() or path.is_symlink()  # a folder, a pipe, a link to nothing
-            what = "is not a file" if there else "is missing"
+            what = "is not a file" if _no_file(path) else "is missing"
             raise DamagedCheckpoint(checkpoint, f"{name} {what}")
         size = path.stat().st_size
         if size != want.get("size"):

@@ -99,12 +99,12 @@ def _xla_cache() -> Check:
         why = tfruntime.xla_cache_problem(folder)
         if why is None:
             return Check(name, True, f"not used: {folder}: set after dtcli started", warn=True)
-        named = [k for k in (name, tfruntime.CACHE_ROOT_ENV) if os.environ.get(k, "").strip()]
+        named = tfruntime.xla_cache_named(os.environ)
         if named:  # a folder the user named: every one-device run refuses it (exit 2)
             return Check(
                 name,
                 False,
-                f"{named[0]}={os.environ[named[0]]}: cannot keep XLA's compiled steps in "
+                f"{named}={os.environ[named]}: cannot keep XLA's compiled steps in "
                 f"{folder} ({why}); name a folder dtcli can write to, or set {name}=off",
             )
         return Check(name, True, f"not used: {folder}: {why}", warn=True)

@@ -150,7 +150,7 @@ def open_xla_cache(environ: Mapping[str, str] | None = None) -> Path | None:
     folder = xla_cache_dir(environ)
     if folder is None:
         return None
-    named = next((k for k in (XLA_CACHE_ENV, CACHE_ROOT_ENV) if environ.get(k, "").strip()), None)
+    named = xla_cache_named(environ)
     problem = xla_cache_problem(folder)
     if problem is None:
         try:
@@ -167,6 +167,13 @@ def open_xla_cache(environ: Mapping[str, str] | None = None) -> Path | None:
             f"path, or set {XLA_CACHE_ENV}=off"
         )
     return None
+
+
+def xla_cache_named(environ: Mapping[str, str]) -> str | None:
+    """The variable by which the user named the cache's folder (DTCLI_XLA_CACHE, else
+    DTCLI_CACHE_DIR), or None for the default folder: a named folder that cannot be used is an
+    error, the default one only goes unused."""
+    return next((k for k in (XLA_CACHE_ENV, CACHE_ROOT_ENV) if environ.get(k, "").strip()), None)
 
 
 def drop_unreadable_xla_cache(message: str, environ: Mapping[str, str] | None = None) -> bool:
