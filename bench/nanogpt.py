@@ -21,17 +21,25 @@ has 65 characters, dtcli's bytes 256 (a 4x bigger output head, ~4% of the step's
 wide). `--byte-row` adds a nanoGPT row (`compile` as the main nanoGPT row) on the same text
 as dtcli's byte tokens (vocabulary 256): exactly dtcli's arithmetic.
 
+`--bf16-rows` (CPU) adds the same two in bfloat16: dtcli's recipe with `train.precision=bf16`
+(matmuls in bf16, the rest float32; on a CPU with AMX or AVX512-BF16 its steps then run on
+TensorFlow's oneDNN kernels, not XLA: mesh.compiles_with_xla), and nanoGPT's train.py with its
+one CPU line (`ctx = nullcontext() if device_type == 'cpu' else ...autocast`) made to autocast
+on the CPU too, `--dtype=bfloat16`: PyTorch's own mixed precision, matmuls in bf16.
+
     python bench/nanogpt.py --torch-python /path/to/venv-with-torch/bin/python
     python bench/nanogpt.py --threads 1 2 --steps 200 --repeats 2 --no-compile-row
     python bench/nanogpt.py --threads 2 1 --byte-row        # and nanoGPT on dtcli's bytes
     python bench/nanogpt.py --widths 128 256 512 --threads 2      # the README's width sweep
     python bench/nanogpt.py --device gpu --steps 400 --repeats 1  # nanoGPT's GPU settings
+    python bench/nanogpt.py --threads 2 1 --bf16-rows   # both in bfloat16 too (AMX CPUs)
 
 ms/step: nanoGPT's own per-iteration time (its `iter N: ... time Xms` lines), the median after
 the first 10 iterations (compiling and the first evaluation); dtcli's from its metrics.jsonl,
 the training time of the stretches after the first (which holds the first call's compile).
-Threads (CPU): OMP_NUM_THREADS/MKL_NUM_THREADS for PyTorch, TF_NUM_INTRAOP_THREADS for TensorFlow
-(one inter-op thread for both). The first-step time of each (compile included) is printed too:
+Threads (CPU): each run may use only `--threads N` cores (its CPU affinity); PyTorch is told N
+threads (OMP_NUM_THREADS/MKL_NUM_THREADS); TensorFlow's thread pools take their defaults from the
+cores it sees, as for a user. The first-step time of each (compile included) is printed too:
 `first s` of a row's first run, whose compiled code no cache held (dtcli's XLA cache and
 torch.compile's inductor cache are kept in the benchmark's temporary folder), and `warm`, the
 median of its later runs, which load what the first compiled. `dtcli/this`: dtcli's ms/step over
@@ -65,6 +73,11 @@ NANOGPT_VOCAB, DTCLI_VOCAB = 65, 256
 # nanoGPT's data folders: its own characters, and dtcli's bytes (the `--byte-row`).
 NANOGPT_DATA = {"chars": "shakespeare_char", "bytes": "shakespeare_bytes"}
 BYTE_ROW = "nanoGPT bytes"
+# `--bf16-rows`: dtcli with train.precision=bf16, and nanoGPT's train.py with its one CPU line
+# changed so that, as on a GPU, the step runs under torch.amp.autocast (bfloat16) on the CPU.
+BF16_ROWS = ("dtcli bf16", "nanoGPT bf16 autocast")
+CPU_AUTOCAST = "train_cpu_autocast.py"
+CPU_CONTEXT = "ctx = nullcontext() if device_type == 'cpu' else "
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,10 @@ def prepare_nanogpt(work: Path, text: Path, nanogpt: Path) -> Path:
 
     repo = work / "nanogpt"
     shutil.copytree(nanogpt, repo)
+    train = (repo / "train.py").read_text()
+    if CPU_CONTEXT not in train:
+        raise SystemExit(f"{nanogpt / 'train.py'}: no line {CPU_CONTEXT!r} (another nanoGPT)")
+    (repo / CPU_AUTOCAST).write_text(train.replace(CPU_CONTEXT, "ctx = "))
     chars_text = text.read_text()
     chars = sorted(set(chars_text))
     index = {c: i for i, c in enumerate(chars)}
@@ -125,17 +142,28 @@ def thread_env(threads: int | None, cache: Path) -> dict[str, str]:
     """The environment of a run: its threads, and `cache`, the folder of the compiled code it
     keeps across runs (dtcli's XLA cache, torch.compile's inductor cache), one per row in the
     benchmark's temporary folder: a row's first run compiles from nothing, whatever earlier
-    runs left in the user's caches, and its later runs load what it compiled."""
+    runs left in the user's caches, and its later runs load what it compiled. On the CPU each
+    run gets `threads` cores (`cores`); PyTorch is told to use that many threads, TensorFlow
+    sizes its pools from the cores it may use, as it does for a user."""
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["DTCLI_XLA_CACHE"] = str(cache)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    for key in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        env.pop(key, None)
     if threads is None:  # a GPU run: the host's threads as each framework sets them
         return env
-    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[key] = str(threads)
-    env["TF_NUM_INTEROP_THREADS"] = "1"
     return env
+
+
+def cores(threads: int | None):
+    """A run's preexec_fn: the process may use only the first `threads` cores (None: all)."""
+    if threads is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    mine = sorted(os.sched_getaffinity(0))  # main() refused more threads than these
+    return lambda: os.sched_setaffinity(0, mine[:threads])
 
 
 def run(args: list[str], name: str, timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -151,11 +179,20 @@ def run(args: list[str], name: str, timeout: float, **kwargs) -> subprocess.Comp
 
 
 def run_nanogpt(
-    repo: Path, python: str, s: Settings, threads, steps, width, compile_, timeout, vocab="chars"
+    repo: Path,
+    python: str,
+    s: Settings,
+    threads,
+    steps,
+    width,
+    compile_,
+    timeout,
+    vocab="chars",
+    bf16=False,
 ):
     args = [
         python,
-        "train.py",
+        CPU_AUTOCAST if bf16 else "train.py",
         "config/train_shakespeare_char.py",
         f"--dataset={NANOGPT_DATA[vocab]}",
         f"--device={'cuda' if s.device == 'gpu' else 'cpu'}",
@@ -174,9 +211,10 @@ def run_nanogpt(
             f"--n_embd={width}",
             "--lr_decay_iters=2000",
             f"--dropout={s.dropout}",
-        ]
-    cache = repo.parent / f"cache-nanogpt-{compile_}-{vocab}-{width}-{threads}"
-    out = run(args, "nanoGPT", timeout, cwd=repo, env=thread_env(threads, cache))
+        ] + (["--dtype=bfloat16"] if bf16 else [])
+    cache = repo.parent / f"cache-nanogpt-{compile_}-{vocab}-{width}-{threads}-{bf16}"
+    env = thread_env(threads, cache)
+    out = run(args, "nanoGPT", timeout, cwd=repo, env=env, preexec_fn=cores(threads))
     iters = [m for line in out.stdout.splitlines() if (m := ITER.match(line))]
     times = [float(m.group(3)) for m in iters]
     if len(times) < 20:
@@ -184,7 +222,9 @@ def run_nanogpt(
     return statistics.median(times[10:]), times[0] / 1000, f"last loss {iters[-1].group(2)}"
 
 
-def run_dtcli(work: Path, text: Path, s: Settings, threads, steps, width, compile_, timeout):
+def run_dtcli(
+    work: Path, text: Path, s: Settings, threads, steps, width, compile_, timeout, bf16=False
+):
     out_dir = work / f"dtcli-{time.monotonic_ns()}"
     stretch = steps // 4
     sets = {
@@ -205,12 +245,15 @@ def run_dtcli(work: Path, text: Path, s: Settings, threads, steps, width, compil
             "train.precision": "bf16",
             "train.compile": compile_,
         }
+    elif bf16:
+        sets["train.precision"] = "bf16"
     args = [sys.executable, "-m", "dtcli", "train", str(ROOT / "recipes" / "tiny_gpt.yaml")]
     for key, value in sets.items():
         args += ["--set", f"{key}={value}"]
     args += ["--no-progress", "--out", str(out_dir)]
-    cache = work / f"cache-dtcli-{compile_}-{width}-{threads}"
-    run(args, f"dtcli (train.compile={compile_})", timeout, env=thread_env(threads, cache))
+    cache = work / f"cache-dtcli-{compile_}-{width}-{threads}-{bf16}"
+    env = thread_env(threads, cache)
+    run(args, f"dtcli (train.compile={compile_})", timeout, env=env, preexec_fn=cores(threads))
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out_dir, ignore_errors=True)
     later = records[1:]
@@ -261,6 +304,11 @@ def main() -> None:
         action="store_true",
         help="one more nanoGPT row on dtcli's byte vocabulary (256): the same arithmetic",
     )
+    parser.add_argument(
+        "--bf16-rows",
+        action="store_true",
+        help="CPU: dtcli with train.precision=bf16 and nanoGPT under bfloat16 autocast",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     parser.add_argument("--text", type=Path, default=SHAKESPEARE)
     parser.add_argument("--nanogpt", type=Path, default=NANOGPT, help="nanoGPT's repository")
@@ -269,11 +317,16 @@ def main() -> None:
         parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
     if min(args.threads) < 1:
         parser.error("--threads: each at least 1")
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if args.device == "cpu" and usable and max(args.threads) > usable:
+        parser.error(f"--threads: at most {usable}, the cores this process may use")
     if not args.text.is_file():
         parser.error(f"--text: no file {args.text}")
     if not (args.nanogpt / "train.py").is_file():
         parser.error(f"--nanogpt: no train.py in {args.nanogpt} (nanoGPT's repository)")
 
+    if args.bf16_rows and args.device == "gpu":
+        parser.error("--bf16-rows: CPU only (on a GPU every row already runs bf16)")
     s = GPU if args.device == "gpu" else CPU
     gpu = gpu_peak() if s.device == "gpu" else None
     if gpu and gpu[0] == "unknown GPU":
@@ -287,7 +340,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             for width in widths:
                 for threads in threads_list:
-                    for name in row_names(s, args.no_compile_row, args.byte_row):
+                    names = row_names(s, args.no_compile_row, args.byte_row, args.bf16_rows)
+                    for name in names:
                         try:
                             result = run_row(name, args, s, Path(tmp), repo, threads, width)
                         except RowFailed as failed:
@@ -303,23 +357,28 @@ def main() -> None:
     report(rows, s, gpu)
 
 
-def row_names(s: Settings, no_compile_row: bool, byte_row: bool = False) -> list[str]:
+def row_names(
+    s: Settings, no_compile_row: bool, byte_row: bool = False, bf16_rows: bool = False
+) -> list[str]:
     if s.device == "gpu":  # nanoGPT's GPU default compiles; dtcli's one-device default is XLA
         names = ["dtcli", "nanoGPT", "nanoGPT compile=False", "dtcli compile=dtensor"]
         names = [n for n in names if not (no_compile_row and n == "nanoGPT compile=False")]
     else:
         names = ["nanoGPT", "dtcli"] + ([] if no_compile_row else ["nanoGPT compile=True"])
+        names += list(BF16_ROWS) if bf16_rows else []
     return names + ([BYTE_ROW] if byte_row else [])
 
 
 def run_row(name, args, s: Settings, work: Path, repo: Path, threads, width):
     t = args.timeout
+    bf16 = name in BF16_ROWS
     if name.startswith("dtcli"):
         compile_ = "dtensor" if name.endswith("dtensor") else "auto"
-        return run_dtcli(work, args.text, s, threads, args.steps, width, compile_, t)
+        return run_dtcli(work, args.text, s, threads, args.steps, width, compile_, t, bf16)
     compiled = name.endswith("compile=True") or (s.device == "gpu" and name == "nanoGPT")
     vocab = "bytes" if name == BYTE_ROW else "chars"
-    return run_nanogpt(repo, args.torch_python, s, threads, args.steps, width, compiled, t, vocab)
+    python = args.torch_python
+    return run_nanogpt(repo, python, s, threads, args.steps, width, compiled, t, vocab, bf16)
 
 
 def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> None:
@@ -363,7 +422,30 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
                 line += f" {row['mfu']:6.1%}"
         table.append(row)
         print(line)
+    for line in bf16_ratios(rows):
+        print(line)
     print(json.dumps({"rows": table}))
+
+
+def bf16_ratios(rows: dict) -> list[str]:
+    """With `--bf16-rows`: dtcli bf16's ms/step over nanoGPT's (float32, its CPU line) and over
+    nanoGPT's under bf16 autocast, per width and thread count (above 1: dtcli is the slower)."""
+
+    def ms(name, width, threads):
+        results = rows.get((name, width, threads))
+        return statistics.median(r[0] for r in results) if results else float("nan")
+
+    lines = []
+    for name, width, threads in rows:
+        if name != BF16_ROWS[0]:
+            continue
+        mine = ms(name, width, threads)
+        peer, peer_bf16 = ms("nanoGPT", width, threads), ms(BF16_ROWS[1], width, threads)
+        lines.append(
+            f"dtcli bf16 width {width} threads {threads}: {mine / peer:.2f} of nanoGPT's "
+            f"ms/step, {mine / peer_bf16:.2f} of nanoGPT bf16 autocast's"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from dtcli import cpuinfo
 from dtcli.errors import UsageError
 
 # Set before TensorFlow is imported anywhere in the process (dtcli/__init__ calls this).
@@ -122,10 +123,7 @@ def _host_key(environ: Mapping[str, str]) -> str:
         version = metadata.version("tensorflow")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = "\n".join(dict.fromkeys(x for x in lines if x.startswith(("model name", "flags"))))
+    cpu = "\n".join(cpuinfo.lines()) or platform.processor()
     threads = environ.get("TF_NUM_INTRAOP_THREADS", "")
     parts = (version, platform.machine(), cpu, environ.get("XLA_FLAGS", ""), threads)
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

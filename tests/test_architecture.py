@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dtcli"
 # A component (a top-level module or package of dtcli) may import its own layer's components or
 # lower ones, never a higher layer's. The same order as docs/architecture.md.
 LAYERS: list[set[str]] = [
-    {"errors", "storage", "tfruntime", "tables"},
+    {"errors", "storage", "tfruntime", "tables", "cpuinfo"},
     {"mesh", "devices", "cluster"},
     {"recipe"},
     {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics", "stretches"},

@@ -5,6 +5,8 @@ with dtcli's formula. Their timings are run by hand (README), never by a test.""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,11 +26,19 @@ def test_nanogpt_reads_the_text_as_its_characters_and_as_dtclis_bytes(tmp_path):
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3)
     peer = tmp_path / "peer"
     peer.mkdir()
-    (peer / "train.py").write_text("# nanoGPT's script\n")
+    script = (
+        "# nanoGPT's script\nctx = nullcontext() if device_type == 'cpu' else "
+        "torch.amp.autocast(device_type=device_type, dtype=ptdtype)\n"
+    )
+    (peer / "train.py").write_text(script)
 
     repo = nanogpt.prepare_nanogpt(tmp_path / "work", text, peer)
 
-    assert (repo / "train.py").read_text() == "# nanoGPT's script\n"
+    assert (repo / "train.py").read_text() == script
+    # The bf16 row's copy: the CPU autocasts too, and nothing else changed.
+    assert (repo / nanogpt.CPU_AUTOCAST).read_text() == script.replace(
+        "nullcontext() if device_type == 'cpu' else ", ""
+    )
     chars = repo / "data" / "shakespeare_char"
     meta = pickle.loads((chars / "meta.pkl").read_bytes())
     assert meta["vocab_size"] == len(set(text.read_text()))
@@ -49,6 +59,32 @@ def test_the_byte_row_runs_only_when_asked():
         "dtcli",
         nanogpt.BYTE_ROW,
     ]
+
+
+def test_another_nanogpt_without_the_cpu_line_is_refused_not_benchmarked_unchanged(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("some text\n")
+    peer = tmp_path / "peer"
+    peer.mkdir()
+    (peer / "train.py").write_text("ctx = nullcontext()\n")
+    with pytest.raises(SystemExit, match="no line"):
+        nanogpt.prepare_nanogpt(tmp_path / "work", text, peer)
+
+
+def test_the_bf16_rows_run_only_when_asked_and_each_run_gets_its_cores(tmp_path):
+    assert nanogpt.row_names(nanogpt.CPU, True, bf16_rows=True) == [
+        "nanoGPT",
+        "dtcli",
+        *nanogpt.BF16_ROWS,
+    ]
+    env = nanogpt.thread_env(1, tmp_path)
+    assert env["OMP_NUM_THREADS"] == "1" and "TF_NUM_INTRAOP_THREADS" not in env
+    assert nanogpt.cores(None) is None
+    probe = "import os; print(len(os.sched_getaffinity(0)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, preexec_fn=nanogpt.cores(1)
+    )
+    assert done.stdout.strip() == "1"
 
 
 def test_flops_per_token_is_nanogpts_estimate():

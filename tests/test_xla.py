@@ -35,6 +35,12 @@ def test_xla_compiles_only_a_mesh_of_one_device_in_one_process(setting, axes, cl
     assert compiles_with_xla(setting, axes, clients) is want
 
 
+@pytest.mark.parametrize("setting, want", [("auto", False), ("xla", True), ("dtensor", False)])
+def test_bf16_on_a_cpu_that_takes_bf16_keeps_tensorflows_kernels_unless_xla_is_asked(setting, want):
+    # XLA:CPU converts bf16 dots to float32; oneDNN runs them on AMX (mesh.compiles_with_xla).
+    assert compiles_with_xla(setting, {"batch": 1}, 1, bf16_cpu=True) is want
+
+
 def test_xla_on_a_bigger_mesh_is_refused_naming_the_key():
     with pytest.raises(UsageError, match=r"'train.compile'.*batch=4,model=2.*auto or dtensor"):
         compiles_with_xla("xla", {"batch": 4, "model": 2})
@@ -322,3 +328,25 @@ def test_a_cache_folder_that_cannot_be_made_exits_2_naming_it(tmp_path):
     assert result.returncode == 2
     assert len(result.err_lines) == 1 and "environment DTCLI_XLA_CACHE=" in result.err_lines[0]
     assert not run.exists()
+
+
+def test_the_run_header_says_how_a_one_device_runs_steps_run(monkeypatch):
+    from types import SimpleNamespace
+
+    from dtcli import cpuinfo
+    from dtcli import recipe as R
+    from dtcli.train.console import steps_note
+
+    recipe = R.load(ROOT / "recipes" / "tiny_gpt.yaml", ["train.precision=bf16"])
+
+    def session(xla: bool, kind: str = "CPU", axes: dict | None = None):
+        devices = SimpleNamespace(clients=1, device_type=kind)
+        return SimpleNamespace(xla=xla, recipe=recipe, axes=axes or {"batch": 1}, devices=devices)
+
+    monkeypatch.setattr(cpuinfo, "runs_bf16", lambda: True)
+    assert steps_note(session(True)) == " (steps compiled by XLA)"
+    assert "oneDNN" in steps_note(session(False))
+    assert steps_note(session(False, "GPU")) == ""  # bf16 on a GPU: dtensor asked, nothing to say
+    assert steps_note(session(False, axes={"batch": 2})) == ""
+    monkeypatch.setattr(cpuinfo, "runs_bf16", lambda: False)
+    assert steps_note(session(False)) == ""  # train.compile=dtensor on an AVX2 CPU

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dtcli import cpuinfo
 from dtcli.autoplan.cost import Rates
 from dtcli.errors import UsageError
 from dtcli.tfruntime import CACHE_ROOT_ENV, cache_root
@@ -47,7 +48,7 @@ def device_kind(device_type: str, count: int) -> str:
     tf = import_tensorflow()
     name = platform.processor() or platform.machine()
     if device_type == "CPU":
-        name = _cpu_model() or name
+        name = cpuinfo.model_name() or name
         name += f" x{os.cpu_count()} cores"
     else:
         found = tf.config.list_physical_devices(device_type)
@@ -55,16 +56,6 @@ def device_kind(device_type: str, count: int) -> str:
             details = tf.config.experimental.get_device_details(found[0])
             name = details.get("device_name", name)
     return f"{device_type.lower()}:{count} {name} tf {tf.__version__}"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def load_cached(kind: str) -> Rates | None:

@@ -201,7 +201,9 @@ class TrainConfig:
     # state, LayerNorm, softmax, the loss and checkpoints stay float32.
     precision: Literal["float32", "bf16"] = "float32"
     # How the steps compile. auto: XLA where the mesh is one device of one process (plain
-    # variables, no SPMD needed; the same numbers, checkpoints and plan), DTensor otherwise.
+    # variables, no SPMD needed; the same numbers, checkpoints and plan), DTensor otherwise,
+    # and for bf16 on a CPU with AMX or AVX512-BF16 (XLA:CPU computes bf16 dots in float32;
+    # TensorFlow's oneDNN kernels run them on the CPU's bf16 units).
     # xla: XLA, refused on a mesh of more than one device (DTensor's XLA SPMD is TPU-only).
     # dtensor: DTensor's own compilation on any mesh (one device included).
     compile: Literal["auto", "xla", "dtensor"] = "auto"

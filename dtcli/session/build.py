@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtcli import cluster as cluster_lib
+from dtcli import cpuinfo, models, optimizers, tfruntime
 from dtcli import data as data_lib
 from dtcli import devices as devices_lib
 from dtcli import layout as layout_lib
 from dtcli import mesh as mesh_lib
-from dtcli import models, optimizers, tfruntime
 from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
@@ -132,8 +132,9 @@ def _mesh(
     """The DTensor mesh of `axes`, or None where one device compiles with XLA (plain variables
     on the one device, no mesh)."""
     # Generation (no splits) runs its own forward passes on a DTensor mesh.
+    clients = 1 if cluster is None else cluster.num_clients
     xla = bool(splits) and mesh_lib.compiles_with_xla(
-        recipe.train.compile, axes, 1 if cluster is None else cluster.num_clients
+        recipe.train.compile, axes, clients, bf16_cpu(recipe, devices.device_type)
     )
     if xla:
         tfruntime.open_xla_cache()
@@ -141,6 +142,12 @@ def _mesh(
     return mesh_lib.build_mesh(
         axes, devices.device_type, distributed=cluster is not None, count=use_devices
     )
+
+
+def bf16_cpu(recipe: Recipe, device_type: str) -> bool:
+    """Whether the recipe's steps run bf16 matmuls on a CPU that takes bfloat16 natively
+    (mesh.compiles_with_xla keeps them off XLA there)."""
+    return recipe.train.precision == "bf16" and device_type == "CPU" and cpuinfo.runs_bf16()
 
 
 def _check_batches(recipe: Recipe, axes: dict[str, int]) -> None:

@@ -14,6 +14,7 @@ from dtcli import mesh as mesh_lib
 from dtcli import progress as progress_lib
 from dtcli.recipe import TrainConfig
 from dtcli.session import Session
+from dtcli.session.build import bf16_cpu
 
 
 def header(console: Any, session: Session, run_dir: Path) -> None:
@@ -30,7 +31,7 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
         f"[bold]{r.name}[/]: {r.model.api} model, {parameters_text(params)} "
         f"in {len(session.plans)} weights ({sharded} sharded) "
         f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}"
-        f"{' (steps compiled by XLA)' if session.xla else ''}; "
+        f"{steps_note(session)}; "
         f"data: {session.data.description}; run directory: {run_dir}",
         highlight=False,
     )
@@ -38,6 +39,18 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
         r.layouts.rules, session.plans, session.axes, r.layouts.data_axis
     ):
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def steps_note(session: Any) -> str:
+    """How a one-device run's steps run, where the header says: XLA, or bf16 on TensorFlow's
+    own kernels where `auto` chose them for the CPU (mesh.compiles_with_xla)."""
+    if session.xla:
+        return " (steps compiled by XLA)"
+    r = session.recipe
+    one = math.prod(session.axes.values()) == 1 and session.devices.clients == 1
+    if one and r.train.compile == "auto" and bf16_cpu(r, session.devices.device_type):
+        return " (bf16 steps on TensorFlow's oneDNN kernels: XLA:CPU computes bf16 in float32)"
+    return ""
 
 
 def parameter_count(plans: list[Any]) -> int:
