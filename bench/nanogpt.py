@@ -317,6 +317,10 @@ def main() -> None:
         parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
     if min(args.threads) < 1:
         parser.error("--threads: each at least 1")
+    if args.repeats < 1:
+        parser.error("--repeats: at least 1")
+    if args.timeout <= 0:
+        parser.error("--timeout: seconds above 0")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.device == "cpu" and usable and max(args.threads) > usable:
         parser.error(f"--threads: at most {usable}, the cores this process may use")
@@ -328,6 +332,8 @@ def main() -> None:
     if args.bf16_rows and args.device == "gpu":
         parser.error("--bf16-rows: CPU only (on a GPU every row already runs bf16)")
     s = GPU if args.device == "gpu" else CPU
+    if any(w < 1 or w % s.heads for w in args.widths or ()):
+        parser.error(f"--widths: each a positive multiple of the {s.heads} heads")
     gpu = gpu_peak() if s.device == "gpu" else None
     if gpu and gpu[0] == "unknown GPU":
         parser.error("--device gpu: nvidia-smi lists no NVIDIA GPU on this machine")
@@ -410,7 +416,8 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
         }
         line = (
             f"{name:24s} {width:5d} {threads or '-':>7} {ms:8.1f} {round(tokens):10,d} "
-            f"{first:8.1f} {warm:6.1f} {row['dtcli_ratio']:10.2f}"
+            f"{first:8.1f} {'-' if len(results) == 1 else f'{warm:.1f}':>6s} "
+            f"{row['dtcli_ratio']:10.2f}"
         )
         if gpu:
             bytes_ = name.startswith("dtcli") or name == BYTE_ROW
