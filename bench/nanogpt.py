@@ -399,8 +399,7 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
         ms = statistics.median(r[0] for r in results)
         first = results[0][1]  # the first run's: compiled from nothing
         warm = statistics.median(r[1] for r in results[1:]) if len(results) > 1 else float("nan")
-        dtcli = rows.get(("dtcli", width, threads))
-        dtcli_ms = statistics.median(r[0] for r in dtcli) if dtcli else float("nan")
+        dtcli_ms = median_ms(rows, "dtcli", width, threads)
         tokens = s.tokens_per_step() * 1000 / ms
         row = {
             "run": name,
@@ -434,20 +433,22 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
     print(json.dumps({"rows": table}))
 
 
+def median_ms(rows: dict, name: str, width: int, threads: int | None) -> float:
+    """A row's median ms/step over its runs; nan where it has none (it failed or was not run)."""
+    results = rows.get((name, width, threads))
+    return statistics.median(r[0] for r in results) if results else float("nan")
+
+
 def bf16_ratios(rows: dict) -> list[str]:
     """With `--bf16-rows`: dtcli bf16's ms/step over nanoGPT's (float32, its CPU line) and over
     nanoGPT's under bf16 autocast, per width and thread count (above 1: dtcli is the slower)."""
-
-    def ms(name, width, threads):
-        results = rows.get((name, width, threads))
-        return statistics.median(r[0] for r in results) if results else float("nan")
-
     lines = []
     for name, width, threads in rows:
         if name != BF16_ROWS[0]:
             continue
-        mine = ms(name, width, threads)
-        peer, peer_bf16 = ms("nanoGPT", width, threads), ms(BF16_ROWS[1], width, threads)
+        mine = median_ms(rows, name, width, threads)
+        peer = median_ms(rows, "nanoGPT", width, threads)
+        peer_bf16 = median_ms(rows, BF16_ROWS[1], width, threads)
         lines.append(
             f"dtcli bf16 width {width} threads {threads}: {mine / peer:.2f} of nanoGPT's "
             f"ms/step, {mine / peer_bf16:.2f} of nanoGPT bf16 autocast's"

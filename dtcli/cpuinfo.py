@@ -15,7 +15,8 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 @functools.cache
 def lines() -> tuple[str, ...]:
-    """The first CPU's lines that say what it is ("model name", "flags"); () where unreadable."""
+    """The lines that say what the CPU is ("model name", "flags"), each distinct one once (every
+    core repeats them); () where unreadable."""
     try:
         text = CPUINFO.read_text()
     except OSError:

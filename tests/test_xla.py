@@ -335,18 +335,24 @@ def test_the_run_header_says_how_a_one_device_runs_steps_run(monkeypatch):
 
     from dtcli import cpuinfo
     from dtcli import recipe as R
+    from dtcli.session.build import bf16_cpu
     from dtcli.train.console import steps_note
 
-    recipe = R.load(ROOT / "recipes" / "tiny_gpt.yaml", ["train.precision=bf16"])
-
-    def session(xla: bool, kind: str = "CPU", axes: dict | None = None):
+    def session(kind: str = "CPU", axes: dict | None = None, compile_: str = "auto"):
+        """A session as prepare makes it: `xla` by the same decision (mesh.compiles_with_xla)."""
+        sets = ["train.precision=bf16", f"train.compile={compile_}"]
+        recipe = R.load(ROOT / "recipes" / "tiny_gpt.yaml", sets)
+        axes = axes or {"batch": 1}
+        xla = compiles_with_xla(compile_, axes, 1, bf16_cpu(recipe, kind))
         devices = SimpleNamespace(clients=1, device_type=kind)
-        return SimpleNamespace(xla=xla, recipe=recipe, axes=axes or {"batch": 1}, devices=devices)
+        return SimpleNamespace(xla=xla, recipe=recipe, axes=axes, devices=devices)
 
     monkeypatch.setattr(cpuinfo, "runs_bf16", lambda: True)
-    assert steps_note(session(True)) == " (steps compiled by XLA)"
-    assert "oneDNN" in steps_note(session(False))
-    assert steps_note(session(False, "GPU")) == ""  # bf16 on a GPU: dtensor asked, nothing to say
-    assert steps_note(session(False, axes={"batch": 2})) == ""
+    assert steps_note(session(compile_="xla")) == " (steps compiled by XLA)"
+    assert "oneDNN" in steps_note(session())
+    assert steps_note(session("GPU")) == " (steps compiled by XLA)"  # a GPU's bf16: XLA's
+    assert steps_note(session("GPU", compile_="dtensor")) == ""  # dtensor asked: nothing to say
+    assert steps_note(session(axes={"batch": 2})) == ""
     monkeypatch.setattr(cpuinfo, "runs_bf16", lambda: False)
-    assert steps_note(session(False)) == ""  # train.compile=dtensor on an AVX2 CPU
+    assert steps_note(session(compile_="dtensor")) == ""  # train.compile=dtensor on an AVX2 CPU
+    assert steps_note(session()) == " (steps compiled by XLA)"  # bf16 through XLA there

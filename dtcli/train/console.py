@@ -14,7 +14,6 @@ from dtcli import mesh as mesh_lib
 from dtcli import progress as progress_lib
 from dtcli.recipe import TrainConfig
 from dtcli.session import Session
-from dtcli.session.build import bf16_cpu
 
 
 def header(console: Any, session: Session, run_dir: Path) -> None:
@@ -41,14 +40,14 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
-def steps_note(session: Any) -> str:
+def steps_note(session: Session) -> str:
     """How a one-device run's steps run, where the header says: XLA, or bf16 on TensorFlow's
-    own kernels where `auto` chose them for the CPU (mesh.compiles_with_xla)."""
+    own kernels where the setting alone would compile with XLA: the only reason it does not is
+    bf16 on a CPU that takes it (mesh.compiles_with_xla)."""
     if session.xla:
         return " (steps compiled by XLA)"
-    r = session.recipe
-    one = math.prod(session.axes.values()) == 1 and session.devices.clients == 1
-    if one and r.train.compile == "auto" and bf16_cpu(r, session.devices.device_type):
+    setting = session.recipe.train.compile
+    if mesh_lib.compiles_with_xla(setting, session.axes, session.devices.clients):
         return " (bf16 steps on TensorFlow's oneDNN kernels: XLA:CPU computes bf16 in float32)"
     return ""
 
