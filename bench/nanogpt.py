@@ -293,9 +293,26 @@ def gpu_peak() -> tuple[str, float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch-python", default=sys.executable, help="a Python with torch")
-    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="CPU only")
-    parser.add_argument("--widths", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="cpu: nanoGPT's README CPU settings; gpu: its train_shakespeare_char.py",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[2, 1],
+        help="CPU: the cores each run may use, one table block per count (default: 2 1)",
+    )
+    parser.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="model widths to sweep, the rest as --device sets it (default: its own width)",
+    )
     parser.add_argument("--steps", type=int, default=200, help="steps per run (each row)")
     parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each row")
     parser.add_argument("--no-compile-row", action="store_true", help="skip nanoGPT's other row")
@@ -310,7 +327,9 @@ def main() -> None:
         help="CPU: dtcli with train.precision=bf16 and nanoGPT under bfloat16 autocast",
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
-    parser.add_argument("--text", type=Path, default=SHAKESPEARE)
+    parser.add_argument(
+        "--text", type=Path, default=SHAKESPEARE, help="tiny Shakespeare's input.txt"
+    )
     parser.add_argument("--nanogpt", type=Path, default=NANOGPT, help="nanoGPT's repository")
     args = parser.parse_args()
     if args.steps < 120:

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from dtcli import cpuinfo, tfruntime
 from dtcli import devices as devices_lib
-from dtcli import tfruntime
 from dtcli.errors import UsageError
 from dtcli.mesh import mesh_text
 from dtcli.tables import Column, print_table
@@ -46,6 +46,28 @@ def _versions() -> Check:
     if tf_minor != keras_minor:
         return Check("versions", False, detail + ": minor versions differ; pin both to one minor")
     return Check("versions", True, detail)
+
+
+def _cpu() -> Check:
+    """The CPU, and what `train.precision: bf16` does on it (mesh.compiles_with_xla decides)."""
+    name = cpuinfo.model_name() or "unknown model"
+    if not cpuinfo.lines():
+        return Check("cpu", True, f"{name} (no {cpuinfo.CPUINFO}: bf16 units unknown)")
+    units = sorted(cpuinfo.flags() & set(cpuinfo.BF16_FLAGS))
+    if units:
+        return Check(
+            "cpu",
+            True,
+            f"{name}; bf16 matmul units ({', '.join(units)}): a one-device run with "
+            "train.precision: bf16 runs its steps on TensorFlow's oneDNN kernels "
+            "(train.compile: auto; XLA:CPU would compute its bf16 dots in float32)",
+        )
+    return Check(
+        "cpu",
+        True,
+        f"{name}; no bf16 matmul units ({', '.join(cpuinfo.BF16_FLAGS)}): bf16 steps on "
+        "this CPU compute in float32 through conversions, so float32 is as fast or faster",
+    )
 
 
 def _env_flags() -> list[Check]:
@@ -286,7 +308,7 @@ def default_devices() -> str:
 def run(spec: str | None = None, probe: bool = True) -> list[Check]:
     """Every check, in order; the probes only when there are several devices."""
     tfruntime.import_tensorflow()
-    checks = [_versions(), *_env_flags()]
+    checks = [_versions(), _cpu(), *_env_flags()]
     device_check, devices = _devices(spec or default_devices())
     checks.append(device_check)
     if probe and devices.count > 1:

@@ -114,9 +114,10 @@ def cache_root(environ: Mapping[str, str]) -> Path:
 
 
 def _host_key(environ: Mapping[str, str]) -> str:
-    """TensorFlow's version, the CPU (model and instruction sets), XLA_FLAGS and an intra-op
-    thread count set by environment: what may decide the machine code of an entry, which
-    TensorFlow's own key leaves out."""
+    """TensorFlow's version, the CPU (model and instruction sets), XLA_FLAGS, an intra-op
+    thread count set by environment and the cores this process may use (its affinity: XLA:CPU
+    splits loops into as many parts when it compiles): what may decide the machine code of an
+    entry, which TensorFlow's own key leaves out."""
     from importlib import metadata
 
     try:
@@ -126,6 +127,8 @@ def _host_key(environ: Mapping[str, str]) -> str:
     cpu = "\n".join(cpuinfo.lines()) or platform.processor()
     threads = environ.get("TF_NUM_INTRAOP_THREADS", "")
     parts = (version, platform.machine(), cpu, environ.get("XLA_FLAGS", ""), threads)
+    if hasattr(os, "sched_getaffinity"):  # Linux; elsewhere a process may use every core
+        parts += (f"cores={len(os.sched_getaffinity(0))}",)
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     return f"tf{version}-{digest}"
 

@@ -45,3 +45,17 @@ def test_an_avx2_cpu_does_not_and_an_unreadable_file_says_nothing(cpu):
     assert cpuinfo.model_name() == "AMD EPYC 7B12" and not cpuinfo.runs_bf16()
     cpu(None)
     assert cpuinfo.lines() == () and cpuinfo.model_name() == "" and not cpuinfo.runs_bf16()
+
+
+def test_doctor_names_the_cpu_and_what_bf16_does_on_it(cpu):
+    from dtcli import doctor
+
+    cpu(XEON)
+    check = doctor._cpu()
+    assert check.status == "ok" and "Intel(R) Xeon(R) Processor" in check.detail
+    assert "amx_bf16, avx512_bf16" in check.detail and "oneDNN" in check.detail
+    cpu(EPYC)
+    detail = doctor._cpu().detail
+    assert "AMD EPYC 7B12; no bf16 matmul units" in detail and "oneDNN" not in detail
+    cpu(None)
+    assert "bf16 units unknown" in doctor._cpu().detail

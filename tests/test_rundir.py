@@ -308,6 +308,9 @@ def test_resume_with_a_new_learning_rate_takes_effect(trained_run, tmp_path, cli
     assert recorded["optimizer"]["learning_rate"] == 1e-12 and recorded["train"]["epochs"] == 2
     (entry,) = metrics.read(run / "resumes.jsonl")
     assert entry["checkpoint"] == "ckpt-00000003" and entry["step"] == 3
+    # Where the run went on, counted as the console and metrics.jsonl count epochs (from 1).
+    assert (entry["epoch"], entry["batch"]) == (2, 0)
+    assert "(epoch 2, batch 0, step 3)" in r.err
     assert entry["changes"] == {
         "optimizer.learning_rate": [0.003, 1e-12],
         "train.epochs": [3, 2],

@@ -191,6 +191,18 @@ def test_the_xla_cache_lives_in_dtclis_cache_folder_one_folder_per_host(tmp_path
     assert tfruntime.xla_cache_dir(home) == folder
 
 
+def test_a_process_pinned_to_fewer_cores_keeps_its_own_xla_cache(tmp_path, monkeypatch):
+    # XLA:CPU splits loops by the cores it may use when it compiles: a run under `taskset -c 0`
+    # must not load steps compiled for every core.
+    home = {"XDG_CACHE_HOME": str(tmp_path)}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    two = tfruntime.xla_cache_dir(home)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    assert tfruntime.xla_cache_dir(home) != two
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert tfruntime.xla_cache_dir(home) == two
+
+
 def test_the_xla_cache_flags_keep_a_users_own():
     ours = tfruntime.xla_cache_flags("--tf_xla_auto_jit=2", Path("/c/x"))
     assert ours.split() == [

@@ -43,7 +43,7 @@ def restore(
     )
     if not run.chief:
         return history, start, None
-    return history, start, _once(lambda: _commit_resume(run, checkpointer))
+    return history, start, _once(lambda: _commit_resume(run, checkpointer, start))
 
 
 def history_until(folder: rundir.RunDir, step: int) -> list[dict[str, Any]]:
@@ -67,7 +67,7 @@ def _once(fn: Callable[[], None]) -> Callable[[], None]:
     return call
 
 
-def _commit_resume(run: Run, checkpointer: Any) -> None:
+def _commit_resume(run: Run, checkpointer: Any, start: EpochState) -> None:
     """The resumed run trained a step: from here on its files describe it. Until now a failure
     (a bad override, a non-finite first loss) left every file of the run as it was."""
     from dtcli import metrics as metrics_lib
@@ -83,7 +83,10 @@ def _commit_resume(run: Run, checkpointer: Any) -> None:
             "time": datetime.now().isoformat(timespec="seconds"),
             "checkpoint": storage.as_path(run.latest).name,
             "step": step,
-            "epoch": run.meta["epoch"],
+            # Where the run went on, as the console said it and metrics.jsonl counts epochs
+            # (from 1); the checkpoint's own epoch_state counts from 0.
+            "epoch": start.epoch + 1,
+            "batch": start.batch,
             "changes": changes,
             "host": socket.gethostname(),
             "pid": os.getpid(),
