@@ -30,7 +30,7 @@ on the CPU too, `--dtype=bfloat16`: PyTorch's own mixed precision, matmuls in bf
     python bench/nanogpt.py --torch-python /path/to/venv-with-torch/bin/python
     python bench/nanogpt.py --threads 1 2 --steps 200 --repeats 2 --no-compile-row
     python bench/nanogpt.py --threads 2 1 --byte-row        # and nanoGPT on dtcli's bytes
-    python bench/nanogpt.py --widths 128 256 512 --threads 2      # the README's width sweep
+    python bench/nanogpt.py --widths 128 256 512 --threads 2      # docs/benchmarks.md's width sweep
     python bench/nanogpt.py --device gpu --steps 400 --repeats 1  # nanoGPT's GPU settings
     python bench/nanogpt.py --threads 2 1 --bf16-rows   # both in bfloat16 too (AMX CPUs)
 

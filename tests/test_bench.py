@@ -1,6 +1,6 @@
 """The benchmarks' own parts that decide what they compare: bench/nanogpt.py gives nanoGPT the
 text it claims (its characters, or dtcli's bytes for the same-arithmetic row) and counts FLOPs
-with dtcli's formula. Their timings are run by hand (README), never by a test."""
+with dtcli's formula. Their timings are run by hand (docs/benchmarks.md), never by a test."""
 
 from __future__ import annotations
 

@@ -219,7 +219,7 @@ def non_finite_hint(session: Session) -> str:
     if gpu and session.xla and session.recipe.train.precision == "bf16":
         return (
             "bf16 steps compiled by XLA go NaN on a GPU in some runs that identical runs train "
-            "(README, Benchmarks): try train.precision=float32 or train.compile=dtensor first, "
+            "(docs/benchmarks.md): try train.precision=float32 or train.compile=dtensor first, "
             "then a lower optimizer.learning_rate"
         )
     return "try a lower optimizer.learning_rate"
