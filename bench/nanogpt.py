@@ -290,9 +290,20 @@ def gpu_peak() -> tuple[str, float | None]:
     return name, next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
 
 
+def has_torch(python: str) -> bool:
+    """Whether `python` runs and imports torch (each nanoGPT row needs it)."""
+    try:
+        proc = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--torch-python", default=sys.executable, help="a Python with torch")
+    parser.add_argument(
+        "--torch-python", default=sys.executable, help="a Python with torch (default: this one)"
+    )
     parser.add_argument(
         "--device",
         choices=["cpu", "gpu"],
@@ -313,9 +324,17 @@ def main() -> None:
         default=None,
         help="model widths to sweep, the rest as --device sets it (default: its own width)",
     )
-    parser.add_argument("--steps", type=int, default=200, help="steps per run (each row)")
-    parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each row")
-    parser.add_argument("--no-compile-row", action="store_true", help="skip nanoGPT's other row")
+    parser.add_argument(
+        "--steps", type=int, default=200, help="steps per run (each row; default %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="alternated runs of each row (default %(default)s)"
+    )
+    parser.add_argument(
+        "--no-compile-row",
+        action="store_true",
+        help="skip nanoGPT's second row (compile=True on the CPU, compile=False on a GPU)",
+    )
     parser.add_argument(
         "--byte-row",
         action="store_true",
@@ -326,11 +345,21 @@ def main() -> None:
         action="store_true",
         help="CPU: dtcli with train.precision=bf16 and nanoGPT under bfloat16 autocast",
     )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     parser.add_argument(
-        "--text", type=Path, default=SHAKESPEARE, help="tiny Shakespeare's input.txt"
+        "--timeout", type=float, default=1800, help="seconds a run may take (default %(default)s)"
     )
-    parser.add_argument("--nanogpt", type=Path, default=NANOGPT, help="nanoGPT's repository")
+    parser.add_argument(
+        "--text",
+        type=Path,
+        default=SHAKESPEARE,
+        help="tiny Shakespeare's input.txt (default: ../shared/data/...)",
+    )
+    parser.add_argument(
+        "--nanogpt",
+        type=Path,
+        default=NANOGPT,
+        help="nanoGPT's repository (default: ../shared/peers/nanogpt)",
+    )
     args = parser.parse_args()
     if args.steps < 120:
         parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
@@ -338,7 +367,7 @@ def main() -> None:
         parser.error("--threads: each at least 1")
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
-    if args.timeout <= 0:
+    if not 0 < args.timeout < float("inf"):  # NaN too
         parser.error("--timeout: seconds above 0")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.device == "cpu" and usable and max(args.threads) > usable:
@@ -348,6 +377,8 @@ def main() -> None:
     if not (args.nanogpt / "train.py").is_file():
         parser.error(f"--nanogpt: no train.py in {args.nanogpt} (nanoGPT's repository)")
 
+    if not has_torch(args.torch_python):
+        parser.error(f"--torch-python: {args.torch_python} cannot import torch (nanoGPT's rows)")
     if args.bf16_rows and args.device == "gpu":
         parser.error("--bf16-rows: CPU only (on a GPU every row already runs bf16)")
     s = GPU if args.device == "gpu" else CPU

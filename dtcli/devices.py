@@ -44,7 +44,9 @@ def _named(key: str, spec: str) -> str:
 def parse(spec: str, where: str = RECIPE_KEY) -> DeviceSpec:
     m = re.fullmatch(r"(cpu|gpu|tpu|auto)(?::(\d+))?", spec.strip().lower())
     if not m or (m.group(1) in ("tpu", "auto") and m.group(2)) or m.group(2) == "0":
-        raise UsageError(f"{where}: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got {spec!r}")
+        raise UsageError(
+            f"{where}: expected cpu, cpu:N, gpu, gpu:N (N at least 1), tpu or auto, got {spec!r}"
+        )
     kind, digits = m.group(1), m.group(2)
     if digits is None:
         return DeviceSpec(kind, None)

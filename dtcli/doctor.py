@@ -58,15 +58,16 @@ def _cpu() -> Check:
         return Check(
             "cpu",
             True,
-            f"{name}; bf16 matmul units ({', '.join(units)}): a one-device run with "
-            "train.precision: bf16 runs its steps on TensorFlow's oneDNN kernels "
-            "(train.compile: auto; XLA:CPU would compute its bf16 dots in float32)",
+            f"{name}; bf16 matmul units ({', '.join(units)}): with train.compile: auto (the "
+            "default) a one-device run with train.precision: bf16 runs its steps on "
+            "TensorFlow's oneDNN kernels, which use them (XLA:CPU would compute its bf16 dots "
+            "in float32); a mesh of several devices runs on those kernels anyway (DTensor)",
         )
     return Check(
         "cpu",
         True,
-        f"{name}; no bf16 matmul units ({', '.join(cpuinfo.BF16_FLAGS)}): bf16 steps on "
-        "this CPU compute in float32 through conversions, so float32 is as fast or faster",
+        f"{name}; no bf16 matmul units ({', '.join(cpuinfo.BF16_FLAGS)}): bf16 matmuls run "
+        "through float32 here, so train.precision: bf16 brings no speed-up",
     )
 
 
@@ -130,7 +131,15 @@ def _xla_cache() -> Check:
                 f"{folder} ({why}); name a folder dtcli can write to, or set {name}=off",
             )
         return Check(name, True, f"not used: {folder}: {why}", warn=True)
-    entries = list(folder.glob("*.pb")) if folder.is_dir() else []
+    # What a run does first: make the folder (a path its parent's permissions allow may still
+    # fail, /proc/x say, or any path as root) and keep it under its limit.
+    try:
+        opened = tfruntime.open_xla_cache(os.environ)
+    except UsageError as exc:  # a folder the user named: every one-device run refuses it
+        return Check(name, False, str(exc))
+    if opened is None:
+        return Check(name, True, f"not used: {folder} cannot be made", warn=True)
+    entries = list(folder.glob("*.pb"))
     size = sum(p.stat().st_size for p in entries) / 2**20
     return Check(
         name,
@@ -309,7 +318,7 @@ def run(spec: str | None = None, probe: bool = True) -> list[Check]:
     """Every check, in order; the probes only when there are several devices."""
     tfruntime.import_tensorflow()
     checks = [_versions(), _cpu(), *_env_flags()]
-    device_check, devices = _devices(spec or default_devices())
+    device_check, devices = _devices(default_devices() if spec is None else spec)
     checks.append(device_check)
     if probe and devices.count > 1:
         runtime = _runtime_probe(devices)

@@ -152,6 +152,11 @@ def plots_a_file(run: Path) -> None:
     (run / rundir.PLOTS).write_text("not a folder")
 
 
+def resumes_a_folder(run: Path) -> None:
+    (run / rundir.RESUMES).unlink(missing_ok=True)
+    (run / rundir.RESUMES).mkdir()
+
+
 # Set/reset in the test: a lock held by this process on another open file (flock is per open file).
 HELD: list = []
 
@@ -816,6 +821,15 @@ CASES: dict[str, Case] = {
         expect="--resume '{run}': its plots ('{run}/plots') is a file, expected a folder",
         damage=plots_a_file,
     ),
+    "resume records a folder": c(
+        "train",
+        "--resume",
+        "{run}",
+        "--epochs",
+        "5",
+        expect="--resume '{run}': its resumes.jsonl ('{run}/resumes.jsonl') is not a file",
+        damage=resumes_a_folder,
+    ),
     # ---- eval
     "eval missing": c("eval", "{tmp}/nope", expect="no such file or folder"),
     "eval ram missing": c("eval", "ram://nothing/run", expect="no such file or folder"),
@@ -1023,6 +1037,7 @@ CASES: dict[str, Case] = {
     "doctor devices cpu:0": c("doctor", "--devices", "cpu:0", expect="--devices"),
     "doctor devices cpu:08": c("doctor", "--devices", "cpu:08", expect="--devices"),
     "doctor devices npu": c("doctor", "--devices", "npu", expect="--devices"),
+    "doctor devices empty": c("doctor", "--devices", "", expect="--devices"),
     "doctor devices above the cap": c("doctor", "--devices", "cpu:9999", expect="--devices"),
     "doctor extra argument": c("doctor", "now", expect="unexpected extra argument"),
     "doctor unknown option": c("doctor", "--gpu", expect="No such option"),

@@ -135,3 +135,24 @@ def test_variants_count_the_runs_that_trained_and_give_each_its_environment():
     assert variants.summarize([runs[1]])["s_per_step"] is None
     classifier = {**ok, "tokens_per_sec": None}  # no tokens: no rate, and no error either
     assert variants.summarize([classifier, classifier])["tokens_per_sec"] is None
+
+
+def test_a_python_without_torch_and_an_endless_timeout_are_refused_before_any_run(
+    tmp_path, monkeypatch
+):
+    """Each nanoGPT row needs torch: a Python without it is refused up front (exit 2), not
+    after the dtcli rows ran with a traceback per nanoGPT row; NaN or infinite seconds too."""
+    no_torch = tmp_path / "python"
+    no_torch.write_text(f"#!/bin/sh\nexec {sys.executable} -S -c 'import torch_is_not_here'\n")
+    no_torch.chmod(0o755)
+    assert not nanogpt.has_torch(str(no_torch))
+    assert not nanogpt.has_torch(str(tmp_path / "nowhere"))
+    for argv, said in (
+        (["--torch-python", str(no_torch)], "--torch-python: "),
+        (["--timeout", "nan"], "--timeout: seconds above 0"),
+        (["--timeout", "inf"], "--timeout: seconds above 0"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, nanogpt.__file__, *argv], capture_output=True, text=True
+        )
+        assert proc.returncode == 2 and said in proc.stderr.splitlines()[-1], proc.stderr

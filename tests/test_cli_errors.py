@@ -76,7 +76,7 @@ CASES = {
     "missing recipe": (["/no/such/recipe.yaml"], "recipe '/no/such/recipe.yaml': no such file"),
     "bad devices": (
         [QUICK, "--devices", "gpu:x"],
-        "--devices: expected cpu, cpu:N, gpu, gpu:N, tpu or auto, got 'gpu:x'",
+        "--devices: expected cpu, cpu:N, gpu, gpu:N (N at least 1), tpu or auto, got 'gpu:x'",
     ),
     "bad mesh arg": ([QUICK, "--mesh", "batch:4"], "--mesh 'batch:4': expected AXIS=SIZE"),
     "mesh axis typo": (

@@ -4,9 +4,11 @@ refuses to run with that flag."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import RECIPES, ROOT, env
@@ -106,3 +108,20 @@ def test_doctor_says_where_the_xla_cache_is_and_what_it_holds(monkeypatch, tmp_p
     assert check.status == "warn" and f"{blocker} is not a folder" in check.detail
     monkeypatch.setenv("DTCLI_XLA_CACHE", "off")
     assert doctor_lib._xla_cache().detail.startswith("off")
+    # A folder its parent's permissions allow that still cannot be made (/proc/x, as root): as
+    # for a run, doctor makes it, and says so when it cannot.
+    unmakeable = tmp_path / "x"
+    monkeypatch.setenv("DTCLI_XLA_CACHE", str(unmakeable))
+    folder = tfruntime.xla_cache_dir(os.environ)
+    monkeypatch.setenv("TF_XLA_FLAGS", tfruntime.xla_cache_flags("", folder))
+    real_mkdir = Path.mkdir
+
+    def refuse(self, *args, **kwargs):
+        if self == folder:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    check = doctor_lib._xla_cache()
+    assert check.status == "FAIL" and "(No such file or directory)" in check.detail
+    assert check.detail.startswith(f"environment DTCLI_XLA_CACHE={unmakeable}: cannot keep")

@@ -240,3 +240,21 @@ def test_a_non_finite_loss_names_the_likelier_suspect(device_type, mesh, precisi
     hint = non_finite_hint(session)
     assert suspect in hint
     assert ("train.compile=dtensor" in hint) == (suspect == "train.precision=float32")
+
+
+def test_a_no_op_resume_of_a_run_stopped_inside_an_epoch_says_how_far_it_went():
+    """A run stopped at batch 110 of its 5th epoch, resumed to 4 epochs: nothing to train, and
+    the line says the run went past them, not that it has exactly 4."""
+    from rich.console import Console
+
+    from dtcli.train.console import nothing_to_train
+
+    console = Console(record=True, width=300)
+    nothing_to_train(console, R.TrainConfig(epochs=4), 4, 830, batch=110)
+    nothing_to_train(console, R.TrainConfig(epochs=4), 4, 720)
+    first, second = console.export_text().splitlines()
+    assert first == (
+        "nothing to train: the run has 4 epochs and 110 batches of epoch 5 (step 830) and "
+        "train.epochs is 4; --epochs is the total, give more"
+    )
+    assert second.startswith("nothing to train: the run has 4 epochs and train.epochs is 4;")

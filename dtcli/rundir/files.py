@@ -44,6 +44,23 @@ def check_plots(run_dir: Any, arg: str = "RUN_DIR") -> None:
         )
 
 
+# The files a resume rewrites or appends to once its first step trained.
+RECORDS = (METRICS, STEPS, RESUMES, TRAIN_LOG)
+
+
+def check_records(run_dir: Any, arg: str = "--resume") -> None:
+    """Each of the run's RECORDS is a file or not there yet: a folder in one's place would fail
+    the resume after its first step trained, with recipe.yaml already rewritten."""
+    with reachable(arg, run_dir):
+        path = storage.as_path(run_dir)
+        bad = [name for name in RECORDS if (path / name).exists() and not (path / name).is_file()]
+    if bad:
+        raise UsageError(
+            f"{arg} {str(run_dir)!r}: its {bad[0]} ({str(path / bad[0])!r}) is not a file; "
+            "move it away"
+        )
+
+
 def os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 

@@ -13,7 +13,7 @@ from dtcli import optimizers, storage
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
-from dtcli.rundir.files import RECIPE, check_plots, reachable
+from dtcli.rundir.files import RECIPE, check_plots, check_records, reachable
 from dtcli.rundir.lock import held_by, held_error
 
 # What a checkpoint's state depends on: a resume may not change it. The mesh, devices, layouts,
@@ -73,6 +73,7 @@ def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) 
         if not (path / RECIPE).is_file():
             raise UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
         check_plots(path, arg)  # refused before training, not after it
+        check_records(path, arg)
 
 
 def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True) -> Path:

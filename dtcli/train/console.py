@@ -124,12 +124,17 @@ def _kept(step: int, checkpoints: list[Path]) -> str:
     return "no checkpoint of it is kept (train.keep and train.checkpoint_every decide which are)"
 
 
-def nothing_to_train(console: Any, cfg: TrainConfig, epochs: int, steps: int) -> None:
-    """A resume whose checkpoint (`epochs` done, at step `steps`) is already at the end."""
+def nothing_to_train(
+    console: Any, cfg: TrainConfig, epochs: int, steps: int, batch: int = 0
+) -> None:
+    """A resume whose checkpoint (`epochs` done and `batch` batches of the next, at step
+    `steps`) is already at the end."""
     if cfg.steps is not None:
         said = f"{steps} steps and train.steps is {cfg.steps}; train.steps is the total"
     else:
-        said = f"{epochs} epochs and train.epochs is {cfg.epochs}; --epochs is the total"
+        # A run stopped inside an epoch past the new end has trained part of one more.
+        more = f" and {batch} batches of epoch {epochs + 1} (step {steps})" if batch else ""
+        said = f"{epochs} epochs{more} and train.epochs is {cfg.epochs}; --epochs is the total"
     console.print(f"[yellow]nothing to train:[/] the run has {said}, give more", highlight=False)
 
 

@@ -261,8 +261,10 @@ def _sum_up(
 
 def _nothing_to_train(run: Run) -> RunResult:
     """Said before the devices, the model and the compilation are set up for nothing."""
-    done = run.meta["epoch_state"]["epoch"]
-    nothing_to_train(run.console, run.recipe.train, done, run.meta["step"])
+    state = run.meta["epoch_state"]
+    nothing_to_train(
+        run.console, run.recipe.train, state["epoch"], run.meta["step"], state["batch"]
+    )
     history = history_until(run.folder, run.meta["step"]) if run.chief else []
     checkpoints = run.folder.complete_checkpoints() if run.chief else []
     summary(run.console, history, len(history), checkpoints)  # nothing trained in this process
