@@ -29,6 +29,23 @@ RECIPES = ROOT / "recipes"
 SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
 
 
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def write_corpus(path: Path, size: int) -> Path:
+    """`size` bytes of text for a language-model test: tiny Shakespeare's start where ../shared
+    is there (CI has it), else words drawn with a fixed seed. Never the README, whose every edit
+    would change the numbers a test compares (an edit once moved one AdamW weight past
+    test_xla's bound: a near-zero gradient's last bits, amplified)."""
+    if SHAKESPEARE.is_file():
+        path.write_bytes(SHAKESPEARE.read_bytes()[:size])
+    else:
+        words = "the king and queen of a fair city said to all that come here now".split()
+        drawn = np.random.default_rng(0).choice(words, size // 4 + 1)
+        path.write_text(" ".join(drawn)[:size])
+    return path
+
+
 def _bench_script(name: str) -> ModuleType:
     """bench/NAME.py as a module: plain `pytest` puts tests/, not the repository, on sys.path."""
     spec = importlib.util.spec_from_file_location(f"bench.{name}", ROOT / "bench" / f"{name}.py")

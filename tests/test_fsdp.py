@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import test_language_model
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, write_corpus
 
 from dtcli.errors import UsageError
 from dtcli.layout import WeightInfo, WeightPlan, apply_fsdp, check_fsdp_layers
@@ -112,9 +112,7 @@ def tiny_session(text_file, mesh: str, sets=(), recipe: str = "tiny_gpt.yaml"):
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_bytes((ROOT / "README.md").read_bytes()[:20_000])
-    return path
+    return write_corpus(tmp_path_factory.mktemp("text") / "corpus.txt", 20_000)
 
 
 def local_bytes(variable) -> list[int]:

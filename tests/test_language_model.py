@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, write_corpus
 
 MESHES = ["batch=1", "batch=8", "batch=4,model=2", "model=8"]
 # recipes/tiny_gpt_tensor_parallel.yaml's rules, shrunk: 1 block 32 wide with 8 heads (a block
@@ -39,13 +39,7 @@ def tiny_recipe(tmp_text, sets=(), mesh="batch=1"):
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
-    """A few KB of real English (tiny Shakespeare's start when ../shared is there; else this
-    repository's README, which every clone has)."""
-    shakespeare = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    source = shakespeare if shakespeare.is_file() else ROOT / "README.md"
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_bytes(source.read_bytes()[:20_000])
-    return path
+    return write_corpus(tmp_path_factory.mktemp("text") / "corpus.txt", 20_000)
 
 
 # --------------------------------------------------------------------------- data

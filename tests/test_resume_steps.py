@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, write_corpus
 
 from dtcli import recipe as R
 from dtcli import session as session_lib
@@ -239,9 +239,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_bytes((ROOT / "README.md").read_bytes()[:12_000])
-    return path
+    return write_corpus(tmp_path_factory.mktemp("text") / "corpus.txt", 12_000)
 
 
 def _lines(path) -> list[dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_fsdp
-from conftest import ROOT, dtcli
+from conftest import ROOT, dtcli, write_corpus
 
 from dtcli import tfruntime
 from dtcli.errors import UsageError
@@ -95,19 +95,7 @@ def xla_and_dtensor(cpu8, text_file_xla):
 
 @pytest.fixture(scope="module")
 def text_file_xla(tmp_path_factory):
-    """Tiny Shakespeare's start when ../shared is there (CI has it), else words drawn with a
-    fixed seed: never the README, whose every edit would change the numbers compared (an edit
-    once moved one AdamW weight by 1.8e-5 of its largest, Adam amplifying a near-zero
-    gradient's last bits, where Shakespeare's start gives 7e-7)."""
-    shakespeare = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    if shakespeare.is_file():
-        path.write_bytes(shakespeare.read_bytes()[:20_000])
-    else:
-        words = "the king and queen of a fair city said to all that come here now".split()
-        drawn = np.random.default_rng(0).choice(words, 4000)
-        path.write_text(" ".join(drawn)[:20_000])
-    return path
+    return write_corpus(tmp_path_factory.mktemp("text") / "corpus.txt", 20_000)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
