@@ -217,8 +217,9 @@ def test_eval_of_a_run_rotating_checkpoints_as_fast_as_it_can_never_fails(
     trained_run, tmp_path, cpu8
 ):
     """`dtcli eval RUN` beside a run that is training (train.keep=1): a writer thread renames a
-    new complete checkpoint into place and removes the older one as fast as it can, maybe during
-    the verify, the meta read or TensorFlow's own restore. Each of 10 evaluations returns the
+    new complete checkpoint into place and removes the older one as fast as it can (1 ms apart:
+    a thread shares the reader's GIL, a run is another process), maybe during the verify, the
+    meta read or TensorFlow's own restore. Each of 10 evaluations returns the
     result of some complete checkpoint the writer wrote. (Let go between its verification and
     its restore, the checkpoint was gone 20 times in a row in one CI run: it is held throughout.)"""
     import threading
@@ -253,7 +254,10 @@ def test_eval_of_a_run_rotating_checkpoints_as_fast_as_it_can_never_fails(
             for old in rundir.complete_checkpoints(run)[:-1]:
                 shutil.rmtree(old, ignore_errors=True)
             step += 1
-            time.sleep(0)  # yield the GIL only: many saves during each restore
+            # A real writer is another process; this thread shares the reader's GIL and, given
+            # only sleep(0), could starve it through all of its retries (1 of 4 loaded runs).
+            # 1 ms still leaves many saves during each restore (asserted below).
+            time.sleep(0.001)
 
     writer = threading.Thread(target=rotate, daemon=True)
     writer.start()
@@ -274,7 +278,8 @@ def test_eval_of_a_run_rotating_checkpoints_as_fast_as_it_can_never_fails(
         writer.join()
     assert all(isinstance(step, int) for step in written), written[-1]
     assert failures == [], f"{len(failures)} of 10 failed, the first: {failures[0]}"
-    assert set(steps) <= set(written) and len(written) > 10, (steps, len(written))
+    # Rotation during every restore: here ~1,800 saves in the 10 (more than 100 asserted).
+    assert set(steps) <= set(written) and len(written) > 100, (steps, len(written))
 
 
 # --------------------------------------------------------------------------- resume semantics
