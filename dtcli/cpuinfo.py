@@ -35,9 +35,14 @@ def flags() -> frozenset[str]:
     return frozenset(next((v for k, v in _fields() if k == "flags"), "").split())
 
 
+def bf16_units() -> list[str]:
+    """The CPU's BF16_FLAGS, sorted; [] where its matmul units do not take bfloat16."""
+    return sorted(flags() & set(BF16_FLAGS))
+
+
 def runs_bf16() -> bool:
     """Whether the CPU's matmul units take bfloat16 (BF16_FLAGS)."""
-    return not flags().isdisjoint(BF16_FLAGS)
+    return bool(bf16_units())
 
 
 def _fields() -> list[tuple[str, str]]:

@@ -53,7 +53,7 @@ def _cpu() -> Check:
     name = cpuinfo.model_name() or "unknown model"
     if not cpuinfo.lines():
         return Check("cpu", True, f"{name} (no {cpuinfo.CPUINFO}: bf16 units unknown)")
-    units = sorted(cpuinfo.flags() & set(cpuinfo.BF16_FLAGS))
+    units = cpuinfo.bf16_units()
     if units:
         return Check(
             "cpu",

@@ -9,11 +9,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, SHAKESPEARE
 
 from dtcli.data import tokenizer as T
 
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 # Text whose pre-tokens meet every kind of line boundary: blank lines, trailing spaces,
 # indentation, words across lines, characters of 2 to 4 UTF-8 bytes.
 MIXED = "".join(
