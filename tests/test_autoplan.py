@@ -1,7 +1,7 @@
 """`dtcli plan --auto`: the search's enumeration, the checks it shares with `train`, the cost
 model's arithmetic, the recipe --write writes and the calibration cache. All without devices
 or TensorFlow (dtcli's GPT is planned by arithmetic); the command's bad inputs are rows of
-tests/test_bad_inputs.py, its measured figures in the README."""
+tests/test_bad_inputs.py, its measured figures in docs/meshes-and-layouts.md."""
 
 from __future__ import annotations
 
