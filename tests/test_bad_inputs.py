@@ -435,6 +435,18 @@ CASES: dict[str, Case] = {
     "checkpoint every negative": t("train.checkpoint_every=-1", expect="train.checkpoint_every"),
     "keep zero": t("train.keep=0", expect="train.keep"),
     "log every zero": t("train.log_every=0", expect="train.log_every"),
+    # issue 43: a ZeroDivisionError (exit 1) in config and train
+    "accumulate zero": t(
+        "train.accumulate=0",
+        expect="recipe key 'train.accumulate': expected an integer from 1 to 1024",
+    ),
+    "config accumulate zero": c(
+        "config", "{q}", *s("train.accumulate=0"), expect="recipe key 'train.accumulate'"
+    ),
+    # issue 43: passed as null (one evaluation, at the end)
+    "eval_every zero on a steps recipe": lm(
+        "train.eval_every=0", expect="recipe key 'train.eval_every': expected an integer >= 1"
+    ),
     # ---- language models, schedules, train.steps
     "task unknown": t("task=regress", expect="recipe key 'task'"),
     "text source on a classifier": t("data.source=text", expect="recipe key 'task'"),

@@ -44,8 +44,9 @@ def check(recipe: Recipe) -> Recipe:
     _check_model(recipe.model)
     _check_task(recipe)
     check_data(recipe.data)
-    _check_batch_on_mesh(recipe)
+    # Before the batch's checks: train.accumulate divides data.batch_size there.
     _check_train(recipe.train)
+    _check_batch_on_mesh(recipe)
     _check_precision(recipe)
     _check_optimizer(recipe.optimizer)
     o, t = recipe.optimizer, recipe.train
@@ -305,7 +306,8 @@ def _check_train(t: TrainConfig) -> None:
         )
     if not 1 <= t.accumulate <= 1024:
         raise UsageError(
-            f"recipe key 'train.accumulate': expected an integer from 1 to 1024, got {t.accumulate}"
+            "recipe key 'train.accumulate': expected an integer from 1 to 1024 (micro-batches "
+            f"per optimizer step, a divisor of data.batch_size), got {t.accumulate}"
         )
     for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
         value = getattr(t, key)
