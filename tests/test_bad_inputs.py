@@ -489,7 +489,15 @@ CASES: dict[str, Case] = {
     ),
     "tokenizer BPE without its size": lm(
         "data.tokenizer=bpe:",
-        expect="--set 'data.tokenizer=bpe:': YAML reads 'bpe:' as a mapping with no value",
+        expect="recipe key 'data.tokenizer': expected bpe:N with N, the vocabulary size, an "
+        "integer from 257 (the 256 bytes and the end-of-document token) to 1,048,576, like "
+        "bpe:4096, got 'bpe:'; N is missing",
+    ),
+    "tokenizer BPE size a word": lm(
+        "data.tokenizer=bpe:abc", expect="like bpe:4096, got 'bpe:abc'"
+    ),
+    "tokenizer BPE size negative": lm(
+        "data.tokenizer=bpe:-5", expect="like bpe:4096, got 'bpe:-5'"
     ),
     "tokenizer BPE too small": lm(
         "data.tokenizer={train: bpe, vocab_size: 100}", expect="data.tokenizer.vocab_size"
@@ -501,7 +509,18 @@ CASES: dict[str, Case] = {
         "data.tokenizer={train: bpe, size: 9}", expect="unknown recipe key 'data.tokenizer.size'"
     ),
     "tokenizer file missing": lm(
-        "data.tokenizer={tmp}/no.json", expect="recipe key 'data.tokenizer': cannot read"
+        "data.tokenizer={tmp}/no.json",
+        expect="recipe key 'data.tokenizer': expected bytes | bpe:N | tokenizer.json (a path to "
+        "one, or to a folder holding one), got '{tmp}/no.json'; no file or folder",
+    ),
+    "tokenizer unknown name": lm(
+        "data.tokenizer=gpt2", expect="expected bytes | bpe:N | tokenizer.json"
+    ),
+    "tokenizer a binary file": lm(
+        "data.tokenizer={tmp}/t.npy",
+        expect="'{tmp}/t.npy' is not a tokenizer.json (the UTF-8 JSON Hugging Face `tokenizers` "
+        "saves): a binary file, not UTF-8 text (byte 0x93 at offset 0)",
+        setup=lambda tmp: (tmp / "t.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00"),
     ),
     "tokenizer file not one": lm(
         "data.tokenizer={tmp}/t.json",
@@ -542,8 +561,18 @@ CASES: dict[str, Case] = {
         "{tmp}/t.json",
         "--out",
         "{tmp}/o",
-        expect="--tokenizer: cannot read",
+        expect="--tokenizer '{tmp}/t.json': expected bytes | bpe:N | tokenizer.json",
     ),  # fmt: skip
+    "prepare-text tokenizer a binary file": c(
+        "prepare-text",
+        "{q}",
+        "--tokenizer",
+        "{tmp}/t.gz",
+        "--out",
+        "{tmp}/o",
+        expect="--tokenizer: '{tmp}/t.gz' is not a tokenizer.json",
+        setup=lambda tmp: (tmp / "t.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(20)),
+    ),
     "prepare-text eval fraction": c(
         "prepare-text", "{q}", "--eval-fraction", "1", "--out", "{tmp}/o", expect="--eval-fraction"
     ),

@@ -266,9 +266,28 @@ def test_prepare_text_prints_thousands_and_a_capped_bpes_real_size(corpus, tmp_p
     shards = len(index["splits"]["train"]["shards"])
     assert shards > 1000 and f"in {shards:,} shards" in capsys.readouterr().out
     assert "70,000" not in tokens.shards_tokenizer(str(out)).description
-    for spec, expected in (("", "--tokenizer '': expected bytes, bpe:N or a path"),
-                           ("bpe:9", "--tokenizer 'bpe:9': expected bpe:N with N from 257")):  # fmt: skip
+    for spec, expected in (("", "--tokenizer '': expected bytes | bpe:N | tokenizer.json"),
+                           ("bpe:9", "--tokenizer 'bpe:9': expected bpe:N with N, the vocabulary size, an integer from 257")):  # fmt: skip
         assert prepare_error(tmp_path, str(corpus / "a.txt"), tokenizer=spec).startswith(expected)
+
+
+def test_prepare_text_reads_its_tokenizer_before_anything_else(tmp_path):
+    """--tokenizer is refused before the split (issue 43: a name that is no tokenizer was
+    reported after it, here its failure), a binary file as no tokenizer.json (it was a
+    UnicodeDecodeError)."""
+    source = tmp_path / "line.txt"
+    source.write_text("word " * 200)  # no line break: its split is refused
+    npy = tmp_path / "a.npy"
+    npy.write_bytes(b"\x93NUMPY\x01\x00v\x00" + bytes(100))
+    for spec, expected in (
+        ("gpt2", "--tokenizer 'gpt2': expected bytes | bpe:N | tokenizer.json (a path to one, or "
+                 "to a folder holding one); no file or folder 'gpt2' exists"),
+        (str(npy), f"--tokenizer: {str(npy)!r} is not a tokenizer.json (the UTF-8 JSON Hugging "
+                   "Face `tokenizers` saves): a binary file, not UTF-8 text (byte 0x93 at offset 0)"),
+        ("bpe:", "--tokenizer 'bpe:': expected bpe:N with N, the vocabulary size"),
+    ):  # fmt: skip
+        assert prepare_error(tmp_path, str(source), tokenizer=spec).startswith(expected)
+    assert "evaluation split is empty" in prepare_error(tmp_path, str(source))
 
 
 def windows(ds) -> list[tuple[np.ndarray, np.ndarray]]:
