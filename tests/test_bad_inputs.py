@@ -533,6 +533,26 @@ CASES: dict[str, Case] = {
     "tokens folder without an index": lm(
         "data.source=tokens", "data.path={tmp}", expect="holds no index.json"
     ),
+    # issue 43: said "holds no index.json"
+    "tokens folder missing": lm(
+        "data.source=tokens",
+        "data.path={tmp}/nope",
+        expect="recipe key 'data.path': '{tmp}/nope' does not exist (expected the folder "
+        "`dtcli prepare-text` wrote)",
+    ),
+    "tokens folder a file": lm(
+        "data.source=tokens",
+        "data.path={tmp}/f",
+        expect="recipe key 'data.path': '{tmp}/f' is a file, not a folder",
+        setup=file_at("f"),
+    ),
+    "plan tokens folder missing": c(
+        "plan",
+        GPT,
+        *("--devices", "cpu:8", "--mesh", "batch=4,model=2"),
+        *s("data.source=tokens", "data.path={tmp}/nope"),
+        expect="recipe key 'data.path': '{tmp}/nope' does not exist",
+    ),
     "tokens with a tokenizer": lm(
         "data.source=tokens",
         "data.path={tmp}",

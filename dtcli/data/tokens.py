@@ -46,8 +46,24 @@ def write_index(folder: Path, index: dict[str, Any]) -> None:
     storage.write_atomic(storage.as_path(folder) / INDEX, json.dumps(index, indent=1) + "\n")
 
 
+def _check_folder(folder: str, named: str) -> None:
+    """`folder` is there and is a folder: what it is not, said before any file in it is read
+    (a missing folder read as "holds no index.json")."""
+    where = storage.as_path(folder)
+    try:
+        exists, is_dir = where.exists(), where.is_dir()
+    except OSError:  # a file system that cannot be reached: reading the index says why
+        return
+    expected = "expected the folder `dtcli prepare-text` wrote"
+    if not exists:
+        raise UsageError(f"{named}: {folder!r} does not exist ({expected})")
+    if not is_dir:
+        raise UsageError(f"{named}: {folder!r} is a file, not a folder ({expected})")
+
+
 def read_index(folder: str, named: str = KEY) -> dict[str, Any]:
     """A prepare-text folder's index, checked to be one."""
+    _check_folder(folder, named)
     path = storage.as_path(folder) / INDEX
     try:
         index = json.loads(path.read_text())
@@ -69,6 +85,7 @@ def read_index(folder: str, named: str = KEY) -> dict[str, Any]:
 
 def shards_tokenizer(folder: str) -> Tokenizer:
     """The tokenizer the shards at `folder` were made with."""
+    read_index(folder)  # a folder that is none of prepare-text's says so before its tokenizer
     return tokenizer_lib.load(str(storage.as_path(folder) / TOKENIZER), KEY)
 
 
