@@ -456,6 +456,11 @@ CASES: dict[str, Case] = {
     "transformer on a classifier": t(
         "model.layers=null", "model.transformer={layers: 1}", expect="recipe key 'task'"
     ),
+    # issue 43: said "api keras needs exactly one of 'layers', 'build' or 'transformer'"
+    "transformer remat on a layer list": t(
+        "model.transformer.remat=true",
+        expect="recipe key 'model.transformer.remat': model.transformer configures dtcli's GPT",
+    ),
     "transformer and layers": lm("model.layers=[Dense]", expect="exactly one of 'layers'"),
     "transformer heads not dividing": lm(
         "model.transformer.heads=3", expect="recipe key 'model.transformer.heads'"

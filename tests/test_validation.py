@@ -200,6 +200,32 @@ def test_accumulate_zero_says_what_it_expects():
     )
 
 
+@pytest.mark.parametrize(
+    "model, key, this",
+    [
+        ({"transformer": {"remat": True}}, "model.transformer.remat", "a tf-keras layer list (model.layers)"),
+        ({"transformer": {"dropout": 0.1}}, "model.transformer.dropout", "a tf-keras layer list (model.layers)"),
+        ({"transformer": {}}, "model.transformer", "a tf-keras layer list (model.layers)"),
+        ({"layers": None, "build": "custom_models:functional_mlp", "transformer": {"remat": True}},
+         "model.transformer.remat", "a tf-keras model from model.build"),
+        ({"api": "core", "layers": None, "transformer": {"remat": True}},
+         "model.transformer.remat", "a Core-API MLP (model.api core)"),
+    ],
+)  # fmt: skip
+def test_transformer_keys_on_a_classifier_say_they_are_for_dtclis_gpt(model, key, this):
+    """Issue 43: model.transformer.remat on a layer list said "api keras needs exactly one of
+    'layers', 'build' or 'transformer'" (and the Core MLP's "api core takes 'hidden'")."""
+    raw = R.read_raw(RECIPES / "quickstart.yaml")
+    raw["model"].update(model)
+    refused(
+        R.from_mapping,
+        raw,
+        match=rf"^recipe key '{re.escape(key)}': model.transformer configures dtcli's GPT \(task "
+        rf"language_model\) only, and this classifier is {re.escape(this)}; remove "
+        r"model.transformer$",
+    )
+
+
 def test_empty_layer_list_is_refused_but_a_linear_core_mlp_is_fine():
     refused(
         R.from_mapping,
