@@ -498,6 +498,11 @@ CASES: dict[str, Case] = {
         "integer from 257 (the 256 bytes and the end-of-document token) to 1,048,576, like "
         "bpe:4096, got 'bpe:'; N is missing",
     ),
+    "tokenizer BPE with a space": lm(
+        "data.tokenizer=bpe: 300",
+        expect="recipe key 'data.tokenizer': got the mapping {bpe: 300}, whose keys may be "
+        "train, vocab_size (for the string bpe:300, leave out the space after the colon",
+    ),
     "tokenizer BPE size a word": lm(
         "data.tokenizer=bpe:abc", expect="like bpe:4096, got 'bpe:abc'"
     ),
