@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dtcli import storage
+from dtcli.data import tokenizer_json
 from dtcli.errors import UsageError, one_line
 from dtcli.recipe.data_checks import TOKENIZER_FORMS, bpe_size, spec_error
 
@@ -35,8 +36,6 @@ EOT_TOKEN = "<|endoftext|>"
 BYTE_VALUES = 256
 # End-of-document tokens of common tokenizers (GPT-2, Llama 3, Llama 2/Mistral, Gemma).
 EOT_NAMES = (EOT_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
-# A tokenizer.json's first bytes, read to refuse a binary file before reading the rest.
-HEAD_BYTES = 1 << 16
 # Text is encoded in pieces of about this many characters (the Encodings of a piece take about
 # 80 bytes a token; pieces keep that bounded whatever the text's size), PIECES at a time.
 PIECE_CHARS = 1 << 16
@@ -248,35 +247,11 @@ def with_eot(tokenizer: Tokenizer) -> Tokenizer:
     return HFTokenizer(tok, f"{tokenizer.description} and {EOT_TOKEN}")
 
 
-class NotATokenizer(ValueError):
-    """A file that is not a tokenizer.json: why, in words."""
-
-
-def _json_kind(value: Any) -> str:
-    kinds = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-    return kinds.get(type(value), "a number")
-
-
 def from_json(text: str, description: str) -> Tokenizer:
     """A tokenizer from tokenizer.json's text (ByteTokenizer where it is the byte identity)."""
     from tokenizers import Tokenizer as HF
 
-    try:
-        spec = json.loads(text)
-    except ValueError as exc:
-        raise NotATokenizer(f"not JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        raise NotATokenizer(f"JSON, but {_json_kind(spec)} where a tokenizer.json holds an object")
-    if "model" not in spec:
-        keys = ", ".join(map(repr, list(spec)[:5])) or "none"
-        raise NotATokenizer(
-            f"JSON, but without the 'model' every tokenizer.json has; its keys: {keys}"
-        )
-    if not isinstance(spec["model"], dict):
-        raise NotATokenizer(
-            f"JSON, but its 'model' is {_json_kind(spec['model'])} where a tokenizer.json holds "
-            "an object"
-        )
+    spec = tokenizer_json.parsed(text)
     same, eot = _byte_identity(spec)
     if same:
         return ByteTokenizer(eot)
@@ -314,12 +289,11 @@ def load(path: str, named: str) -> Tokenizer:
     try:
         if where.is_dir():
             where = where / "tokenizer.json"
-        text = _utf8_text(where)
-        return from_json(text, str(where))
+        return from_json(tokenizer_json.read_text(where), str(where))
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise UsageError(f"{named}: cannot read {str(where)!r} ({reason})") from None
-    except NotATokenizer as exc:
+    except tokenizer_json.NotATokenizer as exc:
         why = str(exc)
     except Exception as exc:  # noqa: BLE001 - `tokenizers`' own errors
         why = one_line(exc)
@@ -327,26 +301,6 @@ def load(path: str, named: str) -> Tokenizer:
         f"{named}: {str(where)!r} is not a tokenizer.json (the UTF-8 JSON Hugging Face "
         f"`tokenizers` saves): {why}"
     )
-
-
-def _utf8_text(where: Any) -> str:
-    """The file's text; a file that is not UTF-8 (a .npy, a gzip, a program) is refused from
-    its first HEAD_BYTES, before the rest is read."""
-    with where.open("rb") as f:
-        head = bytes(f.read(HEAD_BYTES))
-        try:  # not final: a character may go on past the head
-            codecs.getincrementaldecoder("utf-8")().decode(head)
-        except UnicodeDecodeError as exc:
-            raise NotATokenizer(_binary(head, exc)) from None
-        data = head + bytes(f.read())
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise NotATokenizer(_binary(data, exc)) from None
-
-
-def _binary(data: bytes, exc: UnicodeDecodeError) -> str:
-    return f"a binary file, not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start:,})"
 
 
 def read_saved(saved: Any) -> Tokenizer | None:
