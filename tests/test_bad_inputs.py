@@ -435,6 +435,18 @@ CASES: dict[str, Case] = {
     "checkpoint every negative": t("train.checkpoint_every=-1", expect="train.checkpoint_every"),
     "keep zero": t("train.keep=0", expect="train.keep"),
     "log every zero": t("train.log_every=0", expect="train.log_every"),
+    # issue 43: a ZeroDivisionError (exit 1) in config and train
+    "accumulate zero": t(
+        "train.accumulate=0",
+        expect="recipe key 'train.accumulate': expected an integer from 1 to 1024",
+    ),
+    "config accumulate zero": c(
+        "config", "{q}", *s("train.accumulate=0"), expect="recipe key 'train.accumulate'"
+    ),
+    # issue 43: passed as null (one evaluation, at the end)
+    "eval_every zero on a steps recipe": lm(
+        "train.eval_every=0", expect="recipe key 'train.eval_every': expected an integer >= 1"
+    ),
     # ---- language models, schedules, train.steps
     "task unknown": t("task=regress", expect="recipe key 'task'"),
     "text source on a classifier": t("data.source=text", expect="recipe key 'task'"),
@@ -443,6 +455,11 @@ CASES: dict[str, Case] = {
     ),
     "transformer on a classifier": t(
         "model.layers=null", "model.transformer={layers: 1}", expect="recipe key 'task'"
+    ),
+    # issue 43: said "api keras needs exactly one of 'layers', 'build' or 'transformer'"
+    "transformer remat on a layer list": t(
+        "model.transformer.remat=true",
+        expect="recipe key 'model.transformer.remat': model.transformer configures dtcli's GPT",
     ),
     "transformer and layers": lm("model.layers=[Dense]", expect="exactly one of 'layers'"),
     "transformer heads not dividing": lm(
@@ -477,7 +494,20 @@ CASES: dict[str, Case] = {
     ),
     "tokenizer BPE without its size": lm(
         "data.tokenizer=bpe:",
-        expect="--set 'data.tokenizer=bpe:': YAML reads 'bpe:' as a mapping with no value",
+        expect="recipe key 'data.tokenizer': expected bpe:N with N, the vocabulary size, an "
+        "integer from 257 (the 256 bytes and the end-of-document token) to 1,048,576, like "
+        "bpe:4096, got 'bpe:'; N is missing",
+    ),
+    "tokenizer BPE with a space": lm(
+        "data.tokenizer=bpe: 300",
+        expect="recipe key 'data.tokenizer': got the mapping {bpe: 300}, whose keys may be "
+        "train, vocab_size (for the string bpe:300, leave out the space after the colon",
+    ),
+    "tokenizer BPE size a word": lm(
+        "data.tokenizer=bpe:abc", expect="like bpe:4096, got 'bpe:abc'"
+    ),
+    "tokenizer BPE size negative": lm(
+        "data.tokenizer=bpe:-5", expect="like bpe:4096, got 'bpe:-5'"
     ),
     "tokenizer BPE too small": lm(
         "data.tokenizer={train: bpe, vocab_size: 100}", expect="data.tokenizer.vocab_size"
@@ -489,7 +519,18 @@ CASES: dict[str, Case] = {
         "data.tokenizer={train: bpe, size: 9}", expect="unknown recipe key 'data.tokenizer.size'"
     ),
     "tokenizer file missing": lm(
-        "data.tokenizer={tmp}/no.json", expect="recipe key 'data.tokenizer': cannot read"
+        "data.tokenizer={tmp}/no.json",
+        expect="recipe key 'data.tokenizer': expected bytes | bpe:N | tokenizer.json (a path to "
+        "one, or to a folder holding one), got '{tmp}/no.json'; no file or folder",
+    ),
+    "tokenizer unknown name": lm(
+        "data.tokenizer=gpt2", expect="expected bytes | bpe:N | tokenizer.json"
+    ),
+    "tokenizer a binary file": lm(
+        "data.tokenizer={tmp}/t.npy",
+        expect="'{tmp}/t.npy' is not a tokenizer.json (the UTF-8 JSON Hugging Face `tokenizers` "
+        "saves): a binary file, not UTF-8 text (byte 0x93 at offset 0)",
+        setup=lambda tmp: (tmp / "t.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00"),
     ),
     "tokenizer file not one": lm(
         "data.tokenizer={tmp}/t.json",
@@ -501,6 +542,26 @@ CASES: dict[str, Case] = {
     ),
     "tokens folder without an index": lm(
         "data.source=tokens", "data.path={tmp}", expect="holds no index.json"
+    ),
+    # issue 43: said "holds no index.json"
+    "tokens folder missing": lm(
+        "data.source=tokens",
+        "data.path={tmp}/nope",
+        expect="recipe key 'data.path': '{tmp}/nope' does not exist (expected the folder "
+        "`dtcli prepare-text` wrote)",
+    ),
+    "tokens folder a file": lm(
+        "data.source=tokens",
+        "data.path={tmp}/f",
+        expect="recipe key 'data.path': '{tmp}/f' is a file, not a folder",
+        setup=file_at("f"),
+    ),
+    "plan tokens folder missing": c(
+        "plan",
+        GPT,
+        *("--devices", "cpu:8", "--mesh", "batch=4,model=2"),
+        *s("data.source=tokens", "data.path={tmp}/nope"),
+        expect="recipe key 'data.path': '{tmp}/nope' does not exist",
     ),
     "tokens with a tokenizer": lm(
         "data.source=tokens",
@@ -530,8 +591,18 @@ CASES: dict[str, Case] = {
         "{tmp}/t.json",
         "--out",
         "{tmp}/o",
-        expect="--tokenizer: cannot read",
+        expect="--tokenizer '{tmp}/t.json': expected bytes | bpe:N | tokenizer.json",
     ),  # fmt: skip
+    "prepare-text tokenizer a binary file": c(
+        "prepare-text",
+        "{q}",
+        "--tokenizer",
+        "{tmp}/t.gz",
+        "--out",
+        "{tmp}/o",
+        expect="--tokenizer: '{tmp}/t.gz' is not a tokenizer.json",
+        setup=lambda tmp: (tmp / "t.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(20)),
+    ),
     "prepare-text eval fraction": c(
         "prepare-text", "{q}", "--eval-fraction", "1", "--out", "{tmp}/o", expect="--eval-fraction"
     ),

@@ -320,6 +320,25 @@ def test_a_ctrl_c_before_training_handles_it_says_interrupted_and_exits_130(
         assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_unexpected_error_is_one_line_and_only_without_debug_asks_for_it(
+    debug, monkeypatch, cli
+):
+    """Issue 43: with --debug the traceback is shown, and the last line said all the same to
+    run again with --debug."""
+    from dtcli import plan as plan_lib
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(plan_lib, "make_report", broken)
+    r = cli("plan", RECIPES / "quickstart.yaml", *(["--debug"] if debug else []))
+    assert r.returncode == 1
+    hint = "its traceback is above" if debug else "run again with --debug for the traceback"
+    assert r.stderr.strip().splitlines()[-1] == f"error: RuntimeError: a bug (unexpected; {hint})"
+    assert ("Traceback" in r.stderr) == debug
+
+
 def test_a_ctrl_c_while_the_command_line_imports_says_interrupted_and_exits_130(
     monkeypatch, capsys
 ):

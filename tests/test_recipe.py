@@ -448,6 +448,8 @@ def test_set_into_a_list_shows_the_whole_list_form():
         ("data.batch_size={a: 1}", "got {a: 1}"),
         ("name=false", "got false"),
         ("optimizer.learning_rate=.inf", "got .inf"),
+        # YAML's {run: null}: the text given, for the key's own check (data.tokenizer=bpe:)
+        ("name=run:", "got 'run:'"),
     ],
 )
 def test_messages_show_values_as_yaml_not_python(assignment, shown):

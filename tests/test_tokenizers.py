@@ -6,6 +6,7 @@ vocabulary is rounded up and generate never picks a padding id. No TensorFlow.""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -178,26 +179,49 @@ def test_tokenizer_specs_bpe_shorthand_and_files_that_are_no_tokenizer(tmp_path)
     assert R.dump(shorthand) == R.dump(
         R.load(recipe, ["data.tokenizer={train: bpe, vocab_size: 512}"])
     )
-    with pytest.raises(UsageError) as bad:
-        R.load(recipe, ["data.tokenizer=bpe:9"])
-    assert str(bad.value) == (
-        "recipe key 'data.tokenizer': expected bpe:N with N from 257 (the 256 bytes and the "
-        "end-of-document token) to 1,048,576, got 'bpe:9'"
+    expected = (
+        "expected bpe:N with N, the vocabulary size, an integer from 257 (the 256 bytes and the "
+        "end-of-document token) to 1,048,576, like bpe:4096"
     )
-    for text, why in (
+    # --set data.tokenizer=bpe: is the YAML mapping {bpe: null}: read as the text given (issue 43)
+    for value, why in (("bpe:9", ""), ("bpe:abc", ""), ("bpe:0", ""), ("bpe:-5", ""),
+                       ("bpe:", "; N is missing")):  # fmt: skip
+        with pytest.raises(UsageError) as bad:
+            R.load(recipe, [f"data.tokenizer={value}"])
+        assert str(bad.value) == f"recipe key 'data.tokenizer': {expected}, got {value!r}{why}"
+    for content, why in (
         ('{"vocab_size": 8}', "JSON, but without the 'model' every tokenizer.json has; its keys: 'vocab_size'"),
         ("[1, 2]", "JSON, but an array where a tokenizer.json holds an object"),
         ("{", "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        ('{"model": 5}', "JSON, but its 'model' is a number where a tokenizer.json holds an object"),
+        # binary files were a UnicodeDecodeError (issue 43): a .npy, a gzip, a program
+        (b"\x93NUMPY\x01\x00v\x00", "a binary file, not UTF-8 text (byte 0x93 at offset 0)"),
+        (b"\x1f\x8b\x08\x00" + bytes(99), "a binary file, not UTF-8 text (byte 0x8b at offset 1)"),
+        (b"\x7fELF\x02\x01\x01" + bytes(9) + b"\xfe" * 70000,
+         "a binary file, not UTF-8 text (byte 0xfe at offset 16)"),
     ):  # fmt: skip
-        (tmp_path / "t.json").write_text(text)
+        path = tmp_path / "t.json"
+        (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
         with pytest.raises(UsageError) as bad:
-            T.load(str(tmp_path / "t.json"), "--tokenizer")
-        assert (
-            str(bad.value)
-            == f"--tokenizer: {str(tmp_path / 't.json')!r} is not a tokenizer.json ({why})"
+            T.load(str(path), "--tokenizer")
+        assert str(bad.value) == (
+            f"--tokenizer: {str(path)!r} is not a tokenizer.json (the UTF-8 JSON Hugging Face "
+            f"`tokenizers` saves): {why}"
         )
-    with pytest.raises(UsageError, match="^x: expected bytes, bpe:N or a path to a tokenizer.json"):
+    forms = "bytes | bpe:N | tokenizer.json (a path to one, or to a folder holding one)"
+    with pytest.raises(UsageError, match=rf"^x: expected {re.escape(forms)}, got ''$"):
         T.load("", "x")
+    # a name that is no tokenizer lists what one may be, as an option and as a recipe key
+    with pytest.raises(UsageError) as bad:
+        T.from_spec("gpt2", "--tokenizer")
+    assert (
+        str(bad.value) == f"--tokenizer 'gpt2': expected {forms}; no file or folder 'gpt2' exists"
+    )
+    with pytest.raises(UsageError) as bad:
+        T.from_spec("gpt2", "recipe key 'data.tokenizer'")
+    assert str(bad.value) == (
+        f"recipe key 'data.tokenizer': expected {forms}, got 'gpt2'; no file or folder 'gpt2' exists"
+    )
 
 
 def test_the_models_vocabulary_is_rounded_up_and_generate_never_picks_past_the_tokenizer():

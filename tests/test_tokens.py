@@ -266,9 +266,28 @@ def test_prepare_text_prints_thousands_and_a_capped_bpes_real_size(corpus, tmp_p
     shards = len(index["splits"]["train"]["shards"])
     assert shards > 1000 and f"in {shards:,} shards" in capsys.readouterr().out
     assert "70,000" not in tokens.shards_tokenizer(str(out)).description
-    for spec, expected in (("", "--tokenizer '': expected bytes, bpe:N or a path"),
-                           ("bpe:9", "--tokenizer 'bpe:9': expected bpe:N with N from 257")):  # fmt: skip
+    for spec, expected in (("", "--tokenizer '': expected bytes | bpe:N | tokenizer.json"),
+                           ("bpe:9", "--tokenizer 'bpe:9': expected bpe:N with N, the vocabulary size, an integer from 257")):  # fmt: skip
         assert prepare_error(tmp_path, str(corpus / "a.txt"), tokenizer=spec).startswith(expected)
+
+
+def test_prepare_text_reads_its_tokenizer_before_anything_else(tmp_path):
+    """--tokenizer is refused before the split (issue 43: a name that is no tokenizer was
+    reported after it, here its failure), a binary file as no tokenizer.json (it was a
+    UnicodeDecodeError)."""
+    source = tmp_path / "line.txt"
+    source.write_text("word " * 200)  # no line break: its split is refused
+    npy = tmp_path / "a.npy"
+    npy.write_bytes(b"\x93NUMPY\x01\x00v\x00" + bytes(100))
+    for spec, expected in (
+        ("gpt2", "--tokenizer 'gpt2': expected bytes | bpe:N | tokenizer.json (a path to one, or "
+                 "to a folder holding one); no file or folder 'gpt2' exists"),
+        (str(npy), f"--tokenizer: {str(npy)!r} is not a tokenizer.json (the UTF-8 JSON Hugging "
+                   "Face `tokenizers` saves): a binary file, not UTF-8 text (byte 0x93 at offset 0)"),
+        ("bpe:", "--tokenizer 'bpe:': expected bpe:N with N, the vocabulary size"),
+    ):  # fmt: skip
+        assert prepare_error(tmp_path, str(source), tokenizer=spec).startswith(expected)
+    assert "evaluation split is empty" in prepare_error(tmp_path, str(source))
 
 
 def windows(ds) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -421,3 +440,30 @@ def test_two_clients_train_on_disjoint_token_shards(shards, tmp_path):
     assert record["train_tokens"] == sum(counts) * CONTEXT
     assert record["step"] == max(-(-n // 4) for n in shares)  # 4 rows of 8 per client
     assert "eval_bpb" in record
+
+
+def test_a_bpe_sizes_the_model_from_the_n_asked_capped_or_not_in_memory_and_in_shards(
+    cpu8, tmp_path
+):
+    """bpe:N gives a model of model_vocab(N) ids whether the training text has pairs enough to
+    reach N ids or not (a small corpus must not change the model's shape), from source text (in
+    memory) and from prepare-text's shards alike (issue 43: the shards' model followed the size
+    reached, source text's the N asked)."""
+    rng = np.random.default_rng(0)
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    rich = (" ".join("".join(rng.choice(letters, 6)) for _ in range(12)) for _ in range(500))
+    corpora = {"poor": "ab ba\n" * 400, "rich": "\n".join(rich) + "\n"}
+    asked, reached = 448, {}
+    for name, text in corpora.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_text(text)
+        bpe = R.TrainTokenizerConfig(vocab_size=asked)
+        in_memory = R.DataConfig(source="text", path=str(path), tokenizer=bpe, context=CONTEXT)
+        prepare.prepare_text(str(path), f"bpe:{asked}", tmp_path / name)
+        shards = R.DataConfig(source="tokens", path=str(tmp_path / name), context=CONTEXT)
+        for cfg in (in_memory, shards):
+            ds = D.load(cfg, ("train", "eval"))
+            assert (D.describe(cfg)[1], ds.num_classes) == (asked, asked), (name, cfg.source)
+            reached[name, cfg.source] = ds.tokenizer.vocab_size
+    assert reached["poor", "text"] == reached["poor", "tokens"] < T.model_vocab(257) < asked
+    assert reached["rich", "text"] == reached["rich", "tokens"] == asked

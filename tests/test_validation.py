@@ -6,9 +6,11 @@ host (TensorFlow in this process, on the session's 8 virtual CPUs).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import re
+import typing
 
 import numpy as np
 import pytest
@@ -31,9 +33,9 @@ def refused(fn, *args, match: str, **kwargs) -> str:
     return message
 
 
-def with_key(key: str, value) -> dict:
-    """The quickstart recipe with one key (dotted path) set to a Python value."""
-    raw = R.read_raw(RECIPES / "quickstart.yaml")
+def with_key(key: str, value, recipe=RECIPES / "quickstart.yaml") -> dict:
+    """A recipe (the quickstart's) with one key (dotted path) set to a Python value."""
+    raw = R.read_raw(recipe)
     node = raw
     *parents, leaf = key.split(".")
     for part in parents:
@@ -134,6 +136,93 @@ def test_each_train_key_has_its_own_message(key, value, low):
         R.from_mapping,
         with_key(f"train.{key}", value),
         match=rf"^recipe key 'train.{key}': expected an integer >= {low}, got {value}$",
+    )
+
+
+# Integer keys whose 0 means something: a checkpoint only at the end, no warmup.
+ZERO_MEANS_SOMETHING = {"train.checkpoint_every", "optimizer.warmup_steps"}
+# The keys of a language model alone, tried on tiny_gpt only (on the quickstart the model or the
+# source refuses them first).
+LM_SECTIONS = ("model.transformer", "data.tokenizer")
+LM_KEYS = {"data.context"}
+
+
+def _integer_keys() -> list[str]:
+    """Every integer key of the recipe (dotted), found from the dataclasses' type hints: a key
+    added later is in the table below without a new row."""
+    sections = {
+        "train": R.TrainConfig,
+        "data": DataConfig,
+        "optimizer": R.OptimizerConfig,
+        "model.transformer": R.TransformerConfig,
+        "data.tokenizer": R.TrainTokenizerConfig,
+    }
+    keys = []
+    for section, cls in sections.items():
+        hints = typing.get_type_hints(cls)
+        keys += [
+            f"{section}.{f.name}"
+            for f in dataclasses.fields(cls)
+            if hints[f.name] in (int, int | None)
+        ]
+    return keys
+
+
+def _recipes_for(key: str) -> tuple[str, ...]:
+    lm_only = key in LM_KEYS or key.startswith(LM_SECTIONS)
+    return ("tiny_gpt.yaml",) if lm_only else ("tiny_gpt.yaml", "quickstart.yaml")
+
+
+COUNT_CASES = [
+    (recipe, key, value)
+    for key in _integer_keys()
+    for value in ((-1,) if key in ZERO_MEANS_SOMETHING else (0, -1))
+    for recipe in _recipes_for(key)
+]
+
+
+@pytest.mark.parametrize("recipe, key, value", COUNT_CASES)
+def test_every_integer_key_refuses_zero_and_negative_counts_by_name(recipe, key, value):
+    """0 or a negative count is refused in one line naming the key, on a classifier's epochs
+    recipe (a 2-D mesh: the micro-batch's division) and a language model's train.steps recipe
+    (train.steps replaces epochs and steps_per_epoch): train.accumulate 0 was a
+    ZeroDivisionError, train.eval_every 0 with train.steps passed as null."""
+    raw = with_key(key, value, RECIPES / recipe)
+    refused(R.from_mapping, raw, match=rf"^recipe key '{re.escape(key)}': .*got {value}\b")
+
+
+def test_accumulate_zero_says_what_it_expects():
+    refused(
+        R.from_mapping,
+        with_key("train.accumulate", 0),
+        match=r"^recipe key 'train.accumulate': expected an integer from 1 to 1024 "
+        r"\(micro-batches per optimizer step, a divisor of data.batch_size\), got 0$",
+    )
+
+
+@pytest.mark.parametrize(
+    "model, key, this",
+    [
+        ({"transformer": {"remat": True}}, "model.transformer.remat", "a tf-keras layer list (model.layers)"),
+        ({"transformer": {"dropout": 0.1}}, "model.transformer.dropout", "a tf-keras layer list (model.layers)"),
+        ({"transformer": {}}, "model.transformer", "a tf-keras layer list (model.layers)"),
+        ({"layers": None, "build": "custom_models:functional_mlp", "transformer": {"remat": True}},
+         "model.transformer.remat", "a tf-keras model from model.build"),
+        ({"api": "core", "layers": None, "transformer": {"remat": True}},
+         "model.transformer.remat", "a Core-API MLP (model.api core)"),
+    ],
+)  # fmt: skip
+def test_transformer_keys_on_a_classifier_say_they_are_for_dtclis_gpt(model, key, this):
+    """Issue 43: model.transformer.remat on a layer list said "api keras needs exactly one of
+    'layers', 'build' or 'transformer'" (and the Core MLP's "api core takes 'hidden'")."""
+    raw = R.read_raw(RECIPES / "quickstart.yaml")
+    raw["model"].update(model)
+    refused(
+        R.from_mapping,
+        raw,
+        match=rf"^recipe key '{re.escape(key)}': model.transformer configures dtcli's GPT \(task "
+        rf"language_model\) only, and this classifier is {re.escape(this)}; remove "
+        r"model.transformer$",
     )
 
 

@@ -66,7 +66,8 @@ def run(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
-        return fail(f"{printed(exc)} (unexpected; run again with --debug for the traceback)", 1)
+        hint = "its traceback is above" if debug else "run again with --debug for the traceback"
+        return fail(f"{printed(exc)} (unexpected; {hint})", 1)
     if code == INTERRUPTED_EXIT:
         # Typer turns a Ctrl-C that reaches it (one before training's own handler is set: an
         # import, the session's build) into a silent return of 130.

@@ -90,7 +90,9 @@ def prepare_text(
     """Tokenize `source` into shards in the new (or empty) folder `out`; returns its index.
     `tokenizer`: bytes, bpe:N (trained on the training split), or a tokenizer.json (or a
     folder holding one: a run directory, a hub model's)."""
-    _check_options(eval_fraction, shard_tokens, tokenizer)
+    _check_options(eval_fraction, shard_tokens)
+    # Read before any other work (the split, a TFDS read, a folder made): None for bpe:N.
+    given = tokenizer_lib.from_spec(tokenizer, "--tokenizer")
     if storage.is_remote(out):
         raise UsageError(f"--out {str(out)!r}: prepare-text writes a local folder; copy it after")
     out = Path(out)
@@ -100,13 +102,17 @@ def prepare_text(
     )
     with quiet(), _removed_unless_done(out, made):
         splits = _documents(source, eval_fraction, tfds)
-        tok = tokenizer_lib.with_eot(_tokenizer(tokenizer, splits["train"]))
+        tok = tokenizer_lib.with_eot(given or _trained_bpe(tokenizer, splits["train"]))
         storage.write_atomic(out / tokens_lib.TOKENIZER, tok.to_json())
         dtype = tokenizer_lib.token_dtype(tok.vocab_size)
+        # A BPE's model has the N asked whatever size the text let it reach (source text's too):
+        # the model's shape does not depend on the corpus.
+        asked = max(bpe_size(tokenizer, "--tokenizer") or 0, tok.vocab_size)
         index: dict[str, Any] = {
             "format": tokens_lib.FORMAT,
             "dtype": dtype.name,
             "vocab_size": tok.vocab_size,
+            "model_vocab": tokenizer_lib.model_vocab(asked),
             "eot": tok.eot,
             "shard_tokens": shard_tokens,
             "source": source,
@@ -119,10 +125,7 @@ def prepare_text(
     return index
 
 
-def _check_options(eval_fraction: float, shard_tokens: int, tokenizer: str) -> None:
-    if not tokenizer.strip():
-        raise UsageError(f"--tokenizer {tokenizer!r}: expected {tokenizer_lib.SPECS}")
-    bpe_size(tokenizer, "--tokenizer")
+def _check_options(eval_fraction: float, shard_tokens: int) -> None:
     if not 0 < eval_fraction < 1:
         raise UsageError(f"--eval-fraction {eval_fraction}: expected a number in (0, 1)")
     if shard_tokens < 2:
@@ -322,14 +325,11 @@ def _last_break(file: Path, size: int) -> int:
     return last
 
 
-def _tokenizer(spec: str, train: Any) -> tokenizer_lib.Tokenizer:
-    if spec == "bytes":
-        return tokenizer_lib.ByteTokenizer()
+def _trained_bpe(spec: str, train: Any) -> tokenizer_lib.Tokenizer:
+    """The BPE of `spec` (bpe:N) trained on the training split's documents."""
     size = bpe_size(spec, "--tokenizer")
-    if size is not None:
-        texts = (p for doc in train for p in tokenizer_lib.text_pieces(doc.blocks()))
-        return tokenizer_lib.train_bpe(texts, size, "the training split")
-    return tokenizer_lib.load(spec, "--tokenizer")
+    texts = (p for doc in train for p in tokenizer_lib.text_pieces(doc.blocks()))
+    return tokenizer_lib.train_bpe(texts, size, "the training split")
 
 
 def _write_split(

@@ -46,10 +46,10 @@ def tokenizer(
     if found is not None:
         return found
     spec = cfg.tokenizer
-    if spec is None or spec == "bytes":
+    if spec is None:
         return ByteTokenizer()
-    if isinstance(spec, str):
-        return tokenizer_lib.load(spec, TOKENIZER_KEY)
+    if isinstance(spec, str):  # bpe:N is a TrainTokenizerConfig since the recipe loaded
+        return tokenizer_lib.from_spec(spec, TOKENIZER_KEY)
     if train_text is None:
         train_text = _byte_parts(cfg, whole_chars=True)[0].tobytes()
     text = train_text.decode("utf-8", errors="replace")

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from dtcli import storage
+from dtcli.data import tokenizer_json
 from dtcli.errors import UsageError, one_line
+from dtcli.recipe.data_checks import TOKENIZER_FORMS, bpe_size, spec_error
 
 # The model's vocabulary is the tokenizer's rounded up to a multiple of 64: a fixed multiple
 # keeps the model's shape independent of the mesh (a checkpoint restores onto any mesh), every
@@ -32,8 +34,6 @@ from dtcli.errors import UsageError, one_line
 VOCAB_MULTIPLE = 64
 EOT_TOKEN = "<|endoftext|>"
 BYTE_VALUES = 256
-# What a tokenizer option or key takes (errors say it).
-SPECS = "bytes, bpe:N or a path to a tokenizer.json (or a folder holding one)"
 # End-of-document tokens of common tokenizers (GPT-2, Llama 3, Llama 2/Mistral, Gemma).
 EOT_NAMES = (EOT_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
 # Text is encoded in pieces of about this many characters (the Encodings of a piece take about
@@ -247,28 +247,11 @@ def with_eot(tokenizer: Tokenizer) -> Tokenizer:
     return HFTokenizer(tok, f"{tokenizer.description} and {EOT_TOKEN}")
 
 
-class NotATokenizer(ValueError):
-    """Text that is not a tokenizer.json: why, in words."""
-
-
 def from_json(text: str, description: str) -> Tokenizer:
     """A tokenizer from tokenizer.json's text (ByteTokenizer where it is the byte identity)."""
     from tokenizers import Tokenizer as HF
 
-    try:
-        spec = json.loads(text)
-    except ValueError as exc:
-        raise NotATokenizer(f"not JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-            type(spec), "a number"
-        )
-        raise NotATokenizer(f"JSON, but {kind} where a tokenizer.json holds an object")
-    if "model" not in spec:
-        keys = ", ".join(map(repr, list(spec)[:5])) or "none"
-        raise NotATokenizer(
-            f"JSON, but without the 'model' every tokenizer.json has; its keys: {keys}"
-        )
+    spec = tokenizer_json.parsed(text)
     same, eot = _byte_identity(spec)
     if same:
         return ByteTokenizer(eot)
@@ -278,27 +261,46 @@ def from_json(text: str, description: str) -> Tokenizer:
     return HFTokenizer(tok, f"{kind} tokenizer of {size:,} ids ({description})")
 
 
+def from_spec(spec: str, named: str) -> Tokenizer | None:
+    """The tokenizer a spec names before any text is read: bytes, or a tokenizer.json (or a
+    folder holding one); None for bpe:N (its size checked: trained once its text is read).
+    Anything else is refused listing what a spec may be; `named` as for `load`."""
+    if spec == "bytes":
+        return ByteTokenizer()
+    if bpe_size(spec, named) is not None:
+        return None
+    if not spec.strip():
+        raise spec_error(named, spec, TOKENIZER_FORMS)
+    try:
+        missing = not storage.as_path(spec).exists()
+    except OSError:  # a file system that cannot be reached: `load` says why
+        missing = False
+    if missing:
+        raise spec_error(named, spec, TOKENIZER_FORMS, f"no file or folder {spec!r} exists")
+    return load(spec, named)
+
+
 def load(path: str, named: str) -> Tokenizer:
     """A tokenizer.json at `path` (or in the folder `path`: a hub model's or a run's); `named`:
     how errors name it ("recipe key 'data.tokenizer'", "--tokenizer")."""
     if not path.strip():
-        raise UsageError(f"{named}: expected {SPECS}, got {path!r}")
+        raise spec_error(named, path, TOKENIZER_FORMS)
     where = storage.as_path(path)
     try:
         if where.is_dir():
             where = where / "tokenizer.json"
-        text = where.read_text()
+        return from_json(tokenizer_json.read_text(where), str(where))
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise UsageError(f"{named}: cannot read {str(where)!r} ({reason})") from None
-    try:
-        return from_json(text, str(where))
-    except NotATokenizer as exc:
-        raise UsageError(f"{named}: {str(where)!r} is not a tokenizer.json ({exc})") from None
+    except tokenizer_json.NotATokenizer as exc:
+        why = str(exc)
     except Exception as exc:  # noqa: BLE001 - `tokenizers`' own errors
-        raise UsageError(
-            f"{named}: {str(where)!r} is not a tokenizer.json ({one_line(exc)})"
-        ) from None
+        why = one_line(exc)
+    raise UsageError(
+        f"{named}: {str(where)!r} is not a tokenizer.json (the UTF-8 JSON Hugging Face "
+        f"`tokenizers` saves): {why}"
+    )
 
 
 def read_saved(saved: Any) -> Tokenizer | None:

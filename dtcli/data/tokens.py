@@ -1,8 +1,9 @@
 """source tokens: language-model windows streamed from the token shards `dtcli prepare-text`
 wrote (data.path: its folder), never the whole corpus in memory.
 
-The folder holds `index.json` (FORMAT: the token dtype, the vocabulary, each split's shards and
-their token counts, the text's documents and bytes), `tokenizer.json`, and per split shard files
+The folder holds `index.json` (FORMAT: the token dtype, the tokenizer's ids and the model's
+vocabulary, each split's shards and their token counts, the text's documents and bytes),
+`tokenizer.json`, and per split shard files
 of raw little-endian token ids (`train-00000.bin`, ..., `eval-00000.bin`), all but each split's
 last holding exactly `shard_tokens` ids; documents are separated by the end-of-document token.
 
@@ -46,8 +47,24 @@ def write_index(folder: Path, index: dict[str, Any]) -> None:
     storage.write_atomic(storage.as_path(folder) / INDEX, json.dumps(index, indent=1) + "\n")
 
 
+def _check_folder(folder: str, named: str) -> None:
+    """`folder` is there and is a folder: what it is not, said before any file in it is read
+    (a missing folder read as "holds no index.json")."""
+    where = storage.as_path(folder)
+    try:
+        exists, is_dir = where.exists(), where.is_dir()
+    except OSError:  # a file system that cannot be reached: reading the index says why
+        return
+    expected = "expected the folder `dtcli prepare-text` wrote"
+    if not exists:
+        raise UsageError(f"{named}: {folder!r} does not exist ({expected})")
+    if not is_dir:
+        raise UsageError(f"{named}: {folder!r} is a file, not a folder ({expected})")
+
+
 def read_index(folder: str, named: str = KEY) -> dict[str, Any]:
     """A prepare-text folder's index, checked to be one."""
+    _check_folder(folder, named)
     path = storage.as_path(folder) / INDEX
     try:
         index = json.loads(path.read_text())
@@ -69,6 +86,7 @@ def read_index(folder: str, named: str = KEY) -> dict[str, Any]:
 
 def shards_tokenizer(folder: str) -> Tokenizer:
     """The tokenizer the shards at `folder` were made with."""
+    read_index(folder)  # a folder that is none of prepare-text's says so before its tokenizer
     return tokenizer_lib.load(str(storage.as_path(folder) / TOKENIZER), KEY)
 
 
@@ -79,7 +97,31 @@ def tokenizer(cfg: DataConfig, saved: Path | None = None) -> Tokenizer:
 
 
 def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
-    return (int(cfg.context or 1),), tokenizer_lib.model_vocab(tokenizer(cfg, saved).vocab_size)
+    found = tokenizer_lib.read_saved(saved)
+    if found is not None and not _has_index(cfg.path):  # a run's shards gone: generate, export
+        return (int(cfg.context or 1),), tokenizer_lib.model_vocab(found.vocab_size)
+    index = read_index(cfg.path)
+    return (int(cfg.context or 1),), model_vocab(index, found or shards_tokenizer(cfg.path))
+
+
+def _has_index(folder: str) -> bool:
+    try:
+        return (storage.as_path(folder) / INDEX).is_file()
+    except OSError:
+        return False
+
+
+def model_vocab(index: dict[str, Any], tok: Tokenizer) -> int:
+    """The model's vocabulary for the shards: the index's (prepare-text's bpe:N: N rounded,
+    whatever size the BPE reached, as source text sizes it), else the tokenizer's rounded (shards
+    written before the index kept it)."""
+    vocab = index.get("model_vocab", tokenizer_lib.model_vocab(tok.vocab_size))
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < tok.vocab_size:
+        raise UsageError(
+            f"{KEY}: {INDEX}'s model_vocab {vocab!r} is not an integer of at least the "
+            f"tokenizer's {tok.vocab_size} ids"
+        )
+    return vocab
 
 
 def train_windows(n: int, context: int) -> int:
@@ -106,7 +148,7 @@ def load(cfg: DataConfig, split_names: tuple[str, ...], saved: Path | None = Non
         raise UsageError(
             f"{KEY}: {INDEX} says {index['vocab_size']} ids, its {TOKENIZER} {tok.vocab_size}"
         )
-    vocab = tokenizer_lib.model_vocab(tok.vocab_size)
+    vocab = model_vocab(index, tok)
     evaluate = _stream(cfg, index, "eval", vocab, tok)
     train = _stream(cfg, index, "train", vocab) if "train" in split_names else empty_like(evaluate)
     info = index["splits"]

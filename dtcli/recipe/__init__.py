@@ -106,9 +106,11 @@ def _resolve(recipe: Recipe) -> Recipe:
             d = dataclasses.replace(d, tokenizer=TrainTokenizerConfig(vocab_size=size))
     if t.steps is not None and t.steps >= 1:
         # train.steps replaces epochs: the run is stretches of eval_every steps, each a
-        # (possibly partial) epoch of its own permutation.
-        every = min(t.eval_every or t.steps, t.steps)
-        if every >= 1:
+        # (possibly partial) epoch of its own permutation. A value out of its key's range is
+        # left as given, for `check` to refuse (eval_every 0 is no "null").
+        every = min(t.steps if t.eval_every is None else t.eval_every, t.steps)
+        counts = (t.epochs, 1 if t.steps_per_epoch is None else t.steps_per_epoch)
+        if every >= 1 and min(counts) >= 1:
             t = dataclasses.replace(
                 t, eval_every=every, epochs=-(-t.steps // every), steps_per_epoch=every
             )

@@ -6,6 +6,7 @@ devices or imports TensorFlow: `dtcli config` runs all of it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -41,11 +42,12 @@ def check(recipe: Recipe) -> Recipe:
     _check_mesh(recipe.mesh)
     _check_layouts(recipe.layouts, recipe.mesh)
     _check_devices_mesh(recipe)
-    _check_model(recipe.model)
+    _check_model(recipe.model, recipe.task)
     _check_task(recipe)
     check_data(recipe.data)
-    _check_batch_on_mesh(recipe)
+    # Before the batch's checks: train.accumulate divides data.batch_size there.
     _check_train(recipe.train)
+    _check_batch_on_mesh(recipe)
     _check_precision(recipe)
     _check_optimizer(recipe.optimizer)
     o, t = recipe.optimizer, recipe.train
@@ -173,7 +175,10 @@ def check_mesh_on_devices(recipe: Recipe) -> None:
         resolve_axes(recipe.mesh, count)
 
 
-def _check_model(m: ModelConfig) -> None:
+def _check_model(m: ModelConfig, task: str) -> None:
+    other = m.api == "core" or m.layers is not None or m.build is not None
+    if task == "classify" and m.transformer is not None and other:
+        raise _not_the_gpt(m)
     if m.api == "keras":
         given = [k for k in ("layers", "build", "transformer") if getattr(m, k) is not None]
         if len(given) != 1:
@@ -198,6 +203,29 @@ def _check_model(m: ModelConfig) -> None:
         # An empty list is allowed: a linear model.
         if not all(h > 0 for h in m.hidden):
             raise UsageError(f"recipe key 'model.hidden': expected positive widths, got {m.hidden}")
+
+
+def _not_the_gpt(m: ModelConfig) -> UsageError:
+    """model.transformer's keys (remat, dropout...) given for another model: they configure
+    dtcli's GPT only. Named by the first key given a value of its own."""
+    default = TransformerConfig()
+    changed = [
+        f.name
+        for f in dataclasses.fields(TransformerConfig)
+        if getattr(m.transformer, f.name) != getattr(default, f.name)
+    ]
+    key = f"model.transformer.{changed[0]}" if changed else "model.transformer"
+    this = (
+        "a Core-API MLP (model.api core)"
+        if m.api == "core"
+        else "a tf-keras layer list (model.layers)"
+        if m.layers is not None
+        else "a tf-keras model from model.build"
+    )
+    return UsageError(
+        f"recipe key '{key}': model.transformer configures dtcli's GPT (task language_model) "
+        f"only, and this classifier is {this}; remove model.transformer"
+    )
 
 
 def _check_transformer(t: TransformerConfig) -> None:
@@ -305,7 +333,8 @@ def _check_train(t: TrainConfig) -> None:
         )
     if not 1 <= t.accumulate <= 1024:
         raise UsageError(
-            f"recipe key 'train.accumulate': expected an integer from 1 to 1024, got {t.accumulate}"
+            "recipe key 'train.accumulate': expected an integer from 1 to 1024 (micro-batches "
+            f"per optimizer step, a divisor of data.batch_size), got {t.accumulate}"
         )
     for key, low in (("checkpoint_every", 0), ("keep", 1), ("log_every", 1)):
         value = getattr(t, key)

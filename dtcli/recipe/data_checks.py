@@ -132,6 +132,20 @@ def _check_source_needs(d: DataConfig) -> None:
         )
 
 
+# What a tokenizer option or key takes (its errors list them).
+TOKENIZER_FORMS = "bytes | bpe:N | tokenizer.json (a path to one, or to a folder holding one)"
+
+
+def spec_error(named: str, spec: str, expected: str, why: str = "") -> UsageError:
+    """A tokenizer spec refused, in the words of where it came from: an option
+    (`--tokenizer 'bpe:9': expected ...`) or a recipe key (`recipe key ...: expected ..., got
+    'bpe:9'`); `why`: what is wrong with it, where `expected` alone does not say."""
+    why = f"; {why}" if why else ""
+    if named.startswith("--"):
+        return UsageError(f"{named} {spec!r}: expected {expected}{why}")
+    return UsageError(f"{named}: expected {expected}, got {spec!r}{why}")
+
+
 def bpe_size(spec: str, named: str) -> int | None:
     """The N of a tokenizer given as `bpe:N` (a byte-level BPE of N ids to train), None for any
     other tokenizer; `named`: how errors name it ("--tokenizer", "recipe key 'data.tokenizer'")."""
@@ -140,12 +154,10 @@ def bpe_size(spec: str, named: str) -> int | None:
     size = spec.strip()[len("bpe:") :].strip().replace("_", "")
     if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) <= MAX_VOCAB:
         expected = (
-            f"expected bpe:N with N from {MIN_BPE_VOCAB} (the 256 bytes and the end-of-document "
-            f"token) to {MAX_VOCAB:,}"
+            f"bpe:N with N, the vocabulary size, an integer from {MIN_BPE_VOCAB} (the 256 bytes "
+            f"and the end-of-document token) to {MAX_VOCAB:,}, like bpe:4096"
         )
-        if named.startswith("--"):  # an option: `--tokenizer 'bpe:9': expected ...`
-            raise UsageError(f"{named} {spec!r}: {expected}")
-        raise UsageError(f"{named}: {expected}, got {spec!r}")
+        raise spec_error(named, spec, expected, "" if size else "N is missing")
     return int(size)
 
 
@@ -174,8 +186,8 @@ def _check_tokenizer(d: DataConfig) -> None:
             )
     elif not t.strip():
         raise UsageError(
-            "recipe key 'data.tokenizer': expected bytes, bpe:N, a path to a tokenizer.json "
-            "or {train: bpe, vocab_size: N}, got ''"
+            f"recipe key 'data.tokenizer': expected {TOKENIZER_FORMS} or "
+            "{train: bpe, vocab_size: N}, got ''"
         )
 
 

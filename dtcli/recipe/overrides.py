@@ -162,11 +162,9 @@ def apply_set(raw: dict, assignment: str) -> None:
     except (yaml.YAMLError, ValueError, OverflowError):
         raise UsageError(f"--set {assignment!r}: the value is not valid YAML") from None
     if text.strip().endswith(":") and isinstance(value, dict) and list(value.values()) == [None]:
-        # `bpe:` (a BPE whose size was left out) is, to YAML, the mapping {bpe: null}.
-        raise UsageError(
-            f"--set {assignment!r}: YAML reads {text.strip()!r} as a mapping with no value; "
-            "complete it (like data.tokenizer=bpe:1024) or quote it"
-        )
+        # `bpe:` (a BPE whose size was left out) is, to YAML, the mapping {bpe: null}: the text
+        # as given goes to the key's own check, which says what it lacks.
+        value = text.strip()
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)

@@ -137,6 +137,15 @@ def _coerce_optional(tp: Any, value: Any, path: str) -> Any:
     # `str | Section | None` (data.tokenizer): a mapping is the section, anything else a str.
     section = next((a for a in inner if dataclasses.is_dataclass(a)), None)
     if section is not None and isinstance(value, dict):
+        names = [f.name for f in dataclasses.fields(section)]
+        if len(value) == 1 and next(iter(value)) not in names:
+            ((key, item),) = value.items()
+            # `bpe: 300`: YAML reads a space after the colon as a mapping, not the string bpe:300
+            raise UsageError(
+                f"recipe key '{path}': got the mapping {shown(value)}, whose keys may be "
+                f"{', '.join(names)} (for the string {key}:{shown(item)}, leave out the space "
+                "after the colon: YAML reads 'a: b' as a mapping)"
+            )
         return build(section, value, path)
     for option in (a for a in inner if not dataclasses.is_dataclass(a)):
         with contextlib.suppress(UsageError):
