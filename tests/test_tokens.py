@@ -440,30 +440,3 @@ def test_two_clients_train_on_disjoint_token_shards(shards, tmp_path):
     assert record["train_tokens"] == sum(counts) * CONTEXT
     assert record["step"] == max(-(-n // 4) for n in shares)  # 4 rows of 8 per client
     assert "eval_bpb" in record
-
-
-def test_a_bpe_sizes_the_model_from_the_n_asked_capped_or_not_in_memory_and_in_shards(
-    cpu8, tmp_path
-):
-    """bpe:N gives a model of model_vocab(N) ids whether the training text has pairs enough to
-    reach N ids or not (a small corpus must not change the model's shape), from source text (in
-    memory) and from prepare-text's shards alike (issue 43: the shards' model followed the size
-    reached, source text's the N asked)."""
-    rng = np.random.default_rng(0)
-    letters = list("abcdefghijklmnopqrstuvwxyz")
-    rich = (" ".join("".join(rng.choice(letters, 6)) for _ in range(12)) for _ in range(500))
-    corpora = {"poor": "ab ba\n" * 400, "rich": "\n".join(rich) + "\n"}
-    asked, reached = 448, {}
-    for name, text in corpora.items():
-        path = tmp_path / f"{name}.txt"
-        path.write_text(text)
-        bpe = R.TrainTokenizerConfig(vocab_size=asked)
-        in_memory = R.DataConfig(source="text", path=str(path), tokenizer=bpe, context=CONTEXT)
-        prepare.prepare_text(str(path), f"bpe:{asked}", tmp_path / name)
-        shards = R.DataConfig(source="tokens", path=str(tmp_path / name), context=CONTEXT)
-        for cfg in (in_memory, shards):
-            ds = D.load(cfg, ("train", "eval"))
-            assert (D.describe(cfg)[1], ds.num_classes) == (asked, asked), (name, cfg.source)
-            reached[name, cfg.source] = ds.tokenizer.vocab_size
-    assert reached["poor", "text"] == reached["poor", "tokens"] < T.model_vocab(257) < asked
-    assert reached["rich", "text"] == reached["rich", "tokens"] == asked

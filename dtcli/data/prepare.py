@@ -105,14 +105,10 @@ def prepare_text(
         tok = tokenizer_lib.with_eot(given or _trained_bpe(tokenizer, splits["train"]))
         storage.write_atomic(out / tokens_lib.TOKENIZER, tok.to_json())
         dtype = tokenizer_lib.token_dtype(tok.vocab_size)
-        # A BPE's model has the N asked whatever size the text let it reach (source text's too):
-        # the model's shape does not depend on the corpus.
-        asked = max(bpe_size(tokenizer, "--tokenizer") or 0, tok.vocab_size)
         index: dict[str, Any] = {
             "format": tokens_lib.FORMAT,
             "dtype": dtype.name,
             "vocab_size": tok.vocab_size,
-            "model_vocab": tokenizer_lib.model_vocab(asked),
             "eot": tok.eot,
             "shard_tokens": shard_tokens,
             "source": source,

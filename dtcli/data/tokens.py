@@ -1,9 +1,8 @@
 """source tokens: language-model windows streamed from the token shards `dtcli prepare-text`
 wrote (data.path: its folder), never the whole corpus in memory.
 
-The folder holds `index.json` (FORMAT: the token dtype, the tokenizer's ids and the model's
-vocabulary, each split's shards and their token counts, the text's documents and bytes),
-`tokenizer.json`, and per split shard files
+The folder holds `index.json` (FORMAT: the token dtype, the vocabulary, each split's shards and
+their token counts, the text's documents and bytes), `tokenizer.json`, and per split shard files
 of raw little-endian token ids (`train-00000.bin`, ..., `eval-00000.bin`), all but each split's
 last holding exactly `shard_tokens` ids; documents are separated by the end-of-document token.
 
@@ -97,31 +96,7 @@ def tokenizer(cfg: DataConfig, saved: Path | None = None) -> Tokenizer:
 
 
 def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
-    found = tokenizer_lib.read_saved(saved)
-    if found is not None and not _has_index(cfg.path):  # a run's shards gone: generate, export
-        return (int(cfg.context or 1),), tokenizer_lib.model_vocab(found.vocab_size)
-    index = read_index(cfg.path)
-    return (int(cfg.context or 1),), model_vocab(index, found or shards_tokenizer(cfg.path))
-
-
-def _has_index(folder: str) -> bool:
-    try:
-        return (storage.as_path(folder) / INDEX).is_file()
-    except OSError:
-        return False
-
-
-def model_vocab(index: dict[str, Any], tok: Tokenizer) -> int:
-    """The model's vocabulary for the shards: the index's (prepare-text's bpe:N: N rounded,
-    whatever size the BPE reached, as source text sizes it), else the tokenizer's rounded (shards
-    written before the index kept it)."""
-    vocab = index.get("model_vocab", tokenizer_lib.model_vocab(tok.vocab_size))
-    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < tok.vocab_size:
-        raise UsageError(
-            f"{KEY}: {INDEX}'s model_vocab {vocab!r} is not an integer of at least the "
-            f"tokenizer's {tok.vocab_size} ids"
-        )
-    return vocab
+    return (int(cfg.context or 1),), tokenizer_lib.model_vocab(tokenizer(cfg, saved).vocab_size)
 
 
 def train_windows(n: int, context: int) -> int:
@@ -148,7 +123,7 @@ def load(cfg: DataConfig, split_names: tuple[str, ...], saved: Path | None = Non
         raise UsageError(
             f"{KEY}: {INDEX} says {index['vocab_size']} ids, its {TOKENIZER} {tok.vocab_size}"
         )
-    vocab = model_vocab(index, tok)
+    vocab = tokenizer_lib.model_vocab(tok.vocab_size)
     evaluate = _stream(cfg, index, "eval", vocab, tok)
     train = _stream(cfg, index, "train", vocab) if "train" in split_names else empty_like(evaluate)
     info = index["splits"]
