@@ -440,3 +440,29 @@ def test_two_clients_train_on_disjoint_token_shards(shards, tmp_path):
     assert record["train_tokens"] == sum(counts) * CONTEXT
     assert record["step"] == max(-(-n // 4) for n in shares)  # 4 rows of 8 per client
     assert "eval_bpb" in record
+
+
+def test_a_bpe_sizes_the_model_from_the_size_it_reached_in_memory_and_in_shards(tmp_path):
+    """bpe:N on a text with fewer pairs than N merges gives a model of the size the BPE reached,
+    from source text (in memory: describe, which plan and the memory check read, and load) and
+    from prepare-text's shards alike, as the tokenizer.json a run saves would rebuild it (issue 43:
+    source text sized it from the N asked, the shards from the size reached)."""
+    rng = np.random.default_rng(0)
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    rich = (" ".join("".join(rng.choice(letters, 6)) for _ in range(12)) for _ in range(500))
+    corpora = {"poor": "ab ba\n" * 400, "rich": "\n".join(rich) + "\n"}
+    asked = 448
+    for name, text in corpora.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_text(text)
+        bpe = R.TrainTokenizerConfig(vocab_size=asked)
+        in_memory = R.DataConfig(source="text", path=str(path), tokenizer=bpe, context=CONTEXT)
+        prepare.prepare_text(str(path), f"bpe:{asked}", tmp_path / name)
+        shards = R.DataConfig(source="tokens", path=str(tmp_path / name), context=CONTEXT)
+        seen = {}
+        for cfg in (in_memory, shards):
+            ds = D.load(cfg, ("train", "eval"))
+            seen[cfg.source] = (D.describe(cfg)[1], ds.num_classes, ds.tokenizer.vocab_size)
+        reached = seen["text"][2]
+        assert seen["text"] == seen["tokens"] == (T.model_vocab(reached),) * 2 + (reached,), name
+        assert (reached < 300) if name == "poor" else (reached == asked), (name, reached)

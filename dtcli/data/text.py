@@ -6,6 +6,7 @@ and source tokens."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,18 +23,17 @@ TOKENIZER_KEY = "recipe key 'data.tokenizer'"
 
 
 def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
-    """The window and the model's vocabulary (`_vocab`)."""
-    spec = cfg.tokenizer
-    tok = None if isinstance(spec, TrainTokenizerConfig) else tokenizer(cfg, saved)
-    return (int(cfg.context or 1),), _vocab(cfg, tok)
+    """The window and the model's vocabulary (`_vocab`). A BPE to train is trained here (once per
+    process and text, see `_trained_bpe`): its size is the size it reaches, not the one asked."""
+    return (int(cfg.context or 1),), _vocab(tokenizer(cfg, saved))
 
 
-def _vocab(cfg: DataConfig, tok: Tokenizer | None) -> int:
-    """The model's vocabulary: a BPE to train has the recipe's size (known before it is
-    trained), any other tokenizer its own, rounded up (tokenizer.model_vocab)."""
-    spec = cfg.tokenizer
-    size = spec.vocab_size if isinstance(spec, TrainTokenizerConfig) else tok.vocab_size
-    return tokenizer_lib.model_vocab(size)
+def _vocab(tok: Tokenizer) -> int:
+    """The model's vocabulary: the tokenizer's ids rounded up (tokenizer.model_vocab), a capped
+    BPE's (a text with fewer pairs than `bpe:N` asks) the size it reached, as prepare-text's
+    shards and the tokenizer.json a run saves have it: the same recipe gives one model shape
+    whichever of them it is built from."""
+    return tokenizer_lib.model_vocab(tok.vocab_size)
 
 
 def tokenizer(
@@ -52,8 +52,15 @@ def tokenizer(
         return tokenizer_lib.from_spec(spec, TOKENIZER_KEY)
     if train_text is None:
         train_text = _byte_parts(cfg, whole_chars=True)[0].tobytes()
+    return _trained_bpe(train_text, spec.vocab_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _trained_bpe(train_text: bytes, vocab_size: int) -> Tokenizer:
+    """The BPE of `vocab_size` trained on `train_text`, kept for the next call with the same text:
+    `describe` (the memory check, plan) and `load` of one run train it once."""
     text = train_text.decode("utf-8", errors="replace")
-    return tokenizer_lib.train_bpe(tokenizer_lib.line_pieces([text]), spec.vocab_size)
+    return tokenizer_lib.train_bpe(tokenizer_lib.line_pieces([text]), vocab_size)
 
 
 def text_files(pattern: str, named: str) -> list[Path]:
@@ -170,7 +177,7 @@ def load(cfg: DataConfig, split_names: tuple[str, ...], saved: Path | None = Non
     if not isinstance(tok, ByteTokenizer):  # else the bytes are the tokens, every one
         tok = tok or tokenizer(cfg, None, train.tobytes())
         train, evaluate = (tok.encode(part.tobytes()) for part in (train, evaluate))
-    return _text_dataset(context, train, evaluate, what, keys, tok, _vocab(cfg, tok))
+    return _text_dataset(context, train, evaluate, what, keys, tok, _vocab(tok))
 
 
 def _text_dataset(
