@@ -71,7 +71,7 @@ def weight_plans(
     data_axis = recipe.layouts.data_axis
     own = gathers_weights(recipe.model)
     if recipe.layouts.fsdp:
-        plans = apply_fsdp(plans, data_axis, axes, only_unsharded=not own)
+        plans = apply_fsdp(plans, data_axis, axes, gathers=own)
     if not own:
         check_fsdp_layers(plans, data_axis, axes)
     return plans, initial
