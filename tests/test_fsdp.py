@@ -176,7 +176,7 @@ def test_plan_refuses_mixed_rules_on_a_layer_list_naming_the_rule(cli):
     assert "layouts.rules.dense_0\\.kernel" in result.err and "at once" in result.err
 
 
-def test_plan_says_why_fsdp_leaves_a_weight(cli):
+def test_plan_says_why_fsdp_leaves_a_weight_and_what_it_pads(cli):
     cnn = run_cli(
         "plan",
         ROOT / "recipes" / "quickstart.yaml",
@@ -189,6 +189,19 @@ def test_plan_says_why_fsdp_leaves_a_weight(cli):
     assert "\n  conv2d_0.bias, dense_0.bias, dense_1.bias: a tf-keras bias or scale" in notes
     assert "\n  dense_0.kernel, dense_1.kernel: split on 'model' by the rules" in notes
     assert "warning: layouts.fsdp shards no weight on the data axis 'batch'" in cnn.out
+    mlp = run_cli(
+        "plan",
+        ROOT / "recipes" / "mnist_core_mlp_fsdp.yaml",
+        *(x for s in PADDED_SETS for x in ("--set", s)),
+        "--json",
+    )
+    assert mlp.code == 0, mlp.err
+    weights = {w["path"]: w for w in json.loads(mlp.out.splitlines()[-1])["weights"]}
+    kernel = weights["dense_1.kernel"]
+    assert (kernel["shape"], kernel["padded_shape"]) == ([300, 100], [304, 100])
+    assert (kernel["shard_shape"], kernel["bytes_per_device"]) == ([38, 100], 38 * 100 * 4)
+    assert weights["dense_0.kernel"]["padded_shape"] is None
+    assert all(w["fsdp"] and w["fsdp_kept"] is None for w in weights.values())
 
 
 # --------------------------------------------------------------------------- live runs
@@ -363,20 +376,13 @@ def test_bf16_runs_the_matmuls_in_bf16_and_keeps_float32_state(fsdp_runs, text_f
 
 
 def host_state(session) -> dict[str, np.ndarray]:
-    """Every weight, optimizer slot and the step count, gathered to the host."""
-    from tensorflow.experimental import dtensor
-
+    """Every weight, optimizer slot and the step count, gathered to the host (at their own
+    shapes: without FSDP's padding)."""
     from dtcli import models
 
     state = models.host_weights(session.model, session.mesh)
     for i, var in enumerate(optimizer_slots(session)):
-        if session.mesh is None:  # an XLA run's plain variables
-            state[f"slot{i}"] = var.numpy()
-            continue
-        full = dtensor.relayout(
-            var.read_value(), dtensor.Layout.replicated(session.mesh, var.shape.rank)
-        )
-        state[f"slot{i}"] = dtensor.unpack(full)[0].numpy()
+        state[f"slot{i}"] = models.host_value(var, session.mesh)
     state["iterations"] = int(session.optimizer.iterations.numpy())
     return state
 
@@ -405,3 +411,127 @@ def test_checkpoints_cross_between_data_parallel_and_fsdp(
     assert want.keys() == got.keys()
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+# --------------------------------------------------------------------------- padded FSDP
+
+# recipes/mnist_core_mlp_fsdp.yaml (784-300-100-10 on batch=8) on synthetic MNIST-shaped data:
+# the same weights, padded as the shipped recipe pads them, with no files to read.
+PADDED_SETS = [
+    "data.source=synthetic",
+    "data.shape=[784]",
+    "data.classes=10",
+    "data.count=1280",
+    "data.eval_count=256",
+]
+
+
+def padded_session(mesh: str, use_devices: int | None = None):
+    from dtcli import recipe as R
+    from dtcli import session as T
+
+    recipe = R.load(
+        ROOT / "recipes" / "mnist_core_mlp_fsdp.yaml", R.Overrides(PADDED_SETS, mesh, "cpu:8")
+    )
+    return T.prepare(recipe, use_devices=use_devices)
+
+
+@pytest.fixture(scope="module")
+def padded_runs(cpu8):
+    """20 Adam steps of the shipped padded-FSDP recipe: on one device, and on batch=8."""
+    from dtcli import session as T
+
+    out = {}
+    for name, mesh, use in (("one", "batch=1", 1), ("fsdp", "batch=8", None)):
+        s = padded_session(mesh, use)
+        out[name] = (T.run_steps(s, 20), s)
+    return out
+
+
+def test_padded_fsdp_trains_as_one_device(padded_runs):
+    base, _ = padded_runs["one"]
+    losses, session = padded_runs["fsdp"]
+    padded = {p.weight.path: p.padded for p in session.plans if p.padded}
+    assert padded == {
+        "dense_0.bias": (304,),
+        "dense_1.kernel": (304, 100),
+        "dense_1.bias": (104,),
+        "dense_2.kernel": (104, 10),
+        "dense_2.bias": (16,),
+    }
+    np.testing.assert_allclose(losses, base, rtol=1e-5)
+    assert base[-1] < base[0] - 0.5  # it learned
+
+
+def padding(variable, mesh) -> np.ndarray:
+    """The padded rows of a padded variable, gathered to the host."""
+    from tensorflow.experimental import dtensor
+
+    full = dtensor.relayout(
+        variable.read_value(), dtensor.Layout.replicated(mesh, variable.shape.rank)
+    )
+    value = dtensor.unpack(full)[0].numpy()
+    dim = variable.padded_dim
+    return np.take(value, range(variable.unpadded_shape[dim], value.shape[dim]), axis=dim)
+
+
+def test_padded_fsdp_holds_an_eighth_as_the_plan_says_and_never_trains_the_padding(padded_runs):
+    """Weights + Adam state per device on the devices (each local shard) against one device's:
+    <= 0.13 (0.125 and a bit of padding), and byte for byte what `dtcli plan` and train's
+    memory check say. After 20 steps the padding of every weight and slot is still 0."""
+    from dtcli import memory, plan
+
+    _, one = padded_runs["one"]
+    _, session = padded_runs["fsdp"]
+    state = session.model.trainable_variables + optimizer_slots(session)
+    per_device = [sum(sizes) for sizes in zip(*(local_bytes(v) for v in state))]
+    replicated = sum(
+        local_bytes(v)[0] for v in one.model.trainable_variables + optimizer_slots(one)
+    )
+    assert len(set(per_device)) == 1
+    assert per_device[0] / replicated <= 0.13
+    report = plan.make_report(session.recipe)
+    totals = report.totals()["total"]
+    assert (totals["per_device"], totals["replicated"]) == (per_device[0], replicated)
+    planned = memory.plan_memory(session.recipe, session.axes)
+    assert planned.weights == per_device[0] // 3  # Adam: the weights and 2 slots
+    padded = [v for v in state if hasattr(v, "unpadded_shape")]
+    assert len(padded) == 3 * 5  # five weights padded, and their two slots each
+    for var in padded:
+        assert not padding(var, session.mesh).any(), var.name
+
+
+def test_a_padded_checkpoint_restores_unpadded_on_any_mesh(padded_runs, tmp_path):
+    """Written under padded FSDP, a checkpoint holds every weight and slot at its own shape;
+    it restores on one device (plain variables), on batch=4 (which pads only the last bias,
+    10 -> 12) and on batch=8 again, with equal weights, slots and eval numbers."""
+    import tensorflow as tf
+
+    from dtcli import session as T
+    from dtcli.steps import make_steps
+
+    _, trained = padded_runs["fsdp"]
+    assert len([p for p in trained.plans if p.padded]) == 5
+    path = tf.train.Checkpoint(**trained.checkpoint_objects()).write(str(tmp_path / "ckpt"))
+    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    assert shapes["model/layers/1/kernel/.ATTRIBUTES/VARIABLE_VALUE"] == [300, 100]
+    assert shapes["optimizer/slots/v5_v/.ATTRIBUTES/VARIABLE_VALUE"] == [10]
+    want = host_state(trained)
+
+    def evaluated(session):
+        return T.evaluate(session, make_steps(session)[1], session.eval_feed)
+
+    expected = evaluated(trained)
+    for mesh, use in (("batch=1", 1), ("batch=4", 4), ("batch=8", None)):
+        fresh = padded_session(mesh, use)
+        padded = {p.weight.path: p.padded for p in fresh.plans if p.padded}
+        assert padded == {"batch=4": {"dense_2.bias": (12,)}}.get(mesh, padded), mesh
+        tf.train.Checkpoint(**fresh.checkpoint_objects()).read(path).assert_consumed()
+        got = host_state(fresh)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{mesh}: {key}")
+        result = evaluated(fresh)
+        assert result["examples"] == expected["examples"] == 256
+        assert result["loss"] == pytest.approx(expected["loss"], rel=1e-6), mesh
+        assert result["accuracy"] == expected["accuracy"], mesh
