@@ -237,7 +237,6 @@ class CoreOptimizer:
         self.no_decay = {id(v) for v in no_decay}
         names = slot_names(self.cfg)
         import tensorflow as tf
-        from tensorflow.experimental import dtensor
 
         # Slots are tracked in variable order under stable keys, for checkpoints.
         self.module.slots = {}
@@ -245,10 +244,13 @@ class CoreOptimizer:
             for name in names:
                 key = f"v{i}_{name}"
                 if self.mesh is None:
-                    zeros = tf.zeros(var.shape)
+                    slot = _variable(tf.zeros(var.shape), key, None)
                 else:
-                    zeros = dtensor.call_with_layout(tf.zeros, var.layout, shape=var.shape)
-                self.module.slots[key] = _variable(zeros, key, self.mesh)
+                    from dtcli.models import padded
+
+                    # The weight's layout, and its padding where FSDP pads it.
+                    slot = padded.zeros_like(var, key)
+                self.module.slots[key] = slot
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
         """Core hyperparameters are this process's recipe values; a checkpoint holds none."""

@@ -127,7 +127,9 @@ class Report:
                     "layer": p.weight.layer,
                     "rule": p.rule,
                     "fsdp": p.fsdp,
+                    "fsdp_kept": p.fsdp_kept or None,
                     "shape": list(p.weight.shape),
+                    "padded_shape": list(p.padded) if p.padded else None,
                     "sharding": list(p.spec),
                     "shard_shape": list(p.shard_shape(self.axes)),
                     "bytes_per_device": p.bytes_per_device(self.axes, FLOAT32),
@@ -195,6 +197,8 @@ def render(report: Report, console: Any) -> None:
     from rich.markup import escape
 
     _weights_table(report, console)
+    for line in fsdp_notes(report.plans):
+        console.print(escape(line), highlight=False, soft_wrap=not console.is_terminal)
     _memory_table(report, console)
     if report.transformer is not None:
         _language_model_table(report, console)
@@ -254,8 +258,28 @@ def _weights_table(report: Report, console: Any) -> None:
 
 def _rule_text(p: layout_lib.WeightPlan) -> str:
     if p.fsdp:
-        return "layouts.fsdp" if p.rule is None else f"{p.rule} + layouts.fsdp"
+        text = "layouts.fsdp" if p.rule is None else f"{p.rule} + layouts.fsdp"
+        if p.padded:
+            dim = next(d for d, (a, b) in enumerate(zip(p.weight.shape, p.padded)) if a != b)
+            text += f" (padded {p.weight.shape[dim]} -> {p.padded[dim]})"
+        return text
     return p.rule if p.rule is not None else "replicated: no rule"
+
+
+def fsdp_notes(plans: list[layout_lib.WeightPlan], names: int = 4) -> list[str]:
+    """Why layouts.fsdp left weights as the rules put them: a line per reason, naming up to
+    `names` of its weights; none where it left none."""
+    by_reason: dict[str, list[str]] = {}
+    for p in plans:
+        if p.fsdp_kept:
+            by_reason.setdefault(p.fsdp_kept, []).append(p.weight.path)
+    if not by_reason:
+        return []
+    lines = ["layouts.fsdp leaves weights as the rules put them:"]
+    for reason, paths in by_reason.items():
+        more = f" and {len(paths) - names} more" if len(paths) > names else ""
+        lines.append(f"  {', '.join(paths[:names])}{more}: {reason}")
+    return lines
 
 
 def _memory_table(report: Report, console: Any) -> None:

@@ -239,6 +239,10 @@ CASES: dict[str, Case] = {
     "rule shards one axis twice": t(
         "layouts.rules={'dense_0\\.kernel': [model, model]}", expect="model"
     ),
+    "rule puts a tf-keras bias on the data axis": t(
+        "layouts.rules={'dense_0\\.bias': [batch]}",
+        expect="recipe key 'layouts.rules.dense_0\\.bias': puts weight 'dense_0.bias' on the data",
+    ),
     "rules a list": t("layouts.rules=[a]", expect="recipe key 'layouts.rules': expected a mapping"),
     "layouts unknown key": t("layouts.axis=batch", expect="unknown recipe key 'layouts.axis'"),
     "model api jax": t("model.api=jax", expect="recipe key 'model.api'"),

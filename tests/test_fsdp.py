@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import test_language_model
+import test_mesh_invariance
 from conftest import ROOT, run_cli, write_corpus
 
 from dtcli.errors import UsageError
@@ -47,8 +48,8 @@ def plan(path: str, shape: tuple[int, ...], spec: tuple[str, ...], layer: str = 
 def test_fsdp_shards_each_weights_largest_free_dim_on_the_data_axis():
     axes = {"batch": 4, "model": 2}
     plans = [
-        plan("emb", (256, 128), (U, U)),  # the largest dim: rows
-        plan("fc", (128, 512), (U, "model")),  # the rules took dim 1: dim 0 is left
+        plan("emb.embeddings", (256, 128), (U, U)),  # the largest dim: rows
+        plan("fc.kernel", (128, 512), (U, "model")),  # the rules took dim 1: dim 0 is left
         plan("square", (64, 64), (U, U)),  # a tie: the first dim
         plan("head", (10,), (U,)),  # 10 does not divide by 4: stays replicated
         plan("odd", (6, 8), (U, U)),  # the largest dim does not divide: the next one does
@@ -59,8 +60,8 @@ def test_fsdp_shards_each_weights_largest_free_dim_on_the_data_axis():
     ]
     got = {p.weight.path: (p.spec, p.fsdp) for p in apply_fsdp(plans, "batch", axes)}
     assert got == {
-        "emb": (("batch", U), True),
-        "fc": (("batch", "model"), True),
+        "emb.embeddings": (("batch", U), True),
+        "fc.kernel": (("batch", "model"), True),
         "square": (("batch", U), True),
         "head": ((U,), False),
         "odd": ((U, "batch"), True),
@@ -70,8 +71,87 @@ def test_fsdp_shards_each_weights_largest_free_dim_on_the_data_axis():
     # on a data axis of one device there is nothing to shard
     assert apply_fsdp(plans, "batch", {"batch": 1, "model": 8}) == plans
     # a model that cannot gather two-axis weights keeps the rules' tensor-parallel weights
-    kept = apply_fsdp(plans, "batch", axes, only_unsharded=True)
+    kept = apply_fsdp(plans, "batch", axes, gathers=False)
     assert [p.spec for p in kept][:2] == [("batch", U), (U, "model")]
+
+
+def test_fsdp_pads_a_weight_no_dim_of_divides_where_the_layers_slice_it_off():
+    """The Core MLP 784-300-100-10 on batch=8: 300x100 pads its rows to 304 (38 a device), as
+    FSDP2 pads; where the layers cannot slice padding off it stays replicated, saying why."""
+    axes = {"batch": 8}
+    plans = [
+        plan("dense_0.kernel", (784, 300), (U, U)),
+        plan("dense_1.kernel", (300, 100), (U, U)),
+        plan("dense_2.bias", (10,), (U,)),
+    ]
+    padded = apply_fsdp(plans, "batch", axes, pads=True)
+    assert [(p.spec, p.padded) for p in padded] == [
+        (("batch", U), None),  # 784 divides: no padding
+        (("batch", U), (304, 100)),
+        (("batch",), (16,)),
+    ]
+    assert [p.shard_shape(axes) for p in padded] == [(98, 300), (38, 100), (2,)]
+    assert padded[1].bytes_per_device(axes) == 38 * 100 * 4
+    assert padded[1].stored_shape == (304, 100) and padded[0].stored_shape == (784, 300)
+    gpt = apply_fsdp(plans, "batch", axes)
+    assert [p.fsdp_kept for p in gpt][1:] == [
+        "no dim divides by batch=8 (dtcli's GPT pads none)"
+    ] * 2
+    keras = apply_fsdp(plans, "batch", axes, gathers=False)
+    assert keras[1].fsdp_kept.endswith("(a tf-keras layer cannot slice padding off)")
+    assert keras[2].fsdp_kept.startswith("a tf-keras bias or scale")
+
+
+# recipes/mnist_cnn_2d.yaml's weights (model.layers under its rules) on batch=2,model=4
+CNN_2D = [
+    plan("conv2d_0.kernel", (3, 3, 1, 32), (U, U, U, U), "Conv2D"),
+    plan("conv2d_0.bias", (32,), (U,), "Conv2D"),
+    plan("conv2d_1.kernel", (3, 3, 32, 64), (U, U, U, U), "Conv2D"),
+    plan("conv2d_1.bias", (64,), (U,), "Conv2D"),
+    plan("dense_0.kernel", (1600, 64), (U, "model")),
+    plan("dense_0.bias", (64,), ("model",)),
+    plan("dense_1.kernel", (64, 10), ("model", U)),
+    plan("dense_1.bias", (10,), (U,)),
+]
+
+
+def test_fsdp_on_tf_keras_layers_shards_only_what_dtensor_gathers():
+    """mnist_cnn_2d with layouts.fsdp died in DTensor: the output bias on 'batch' made the
+    logits split on the class dim and the accuracy's ArgMax failed to expand. tf-keras
+    biases and scales, convolution kernels and tensor-parallel kernels stay as the rules put
+    them, each saying why (`dtcli plan` prints it)."""
+    got = apply_fsdp(CNN_2D, "batch", {"batch": 2, "model": 4}, gathers=False)
+    assert [p.spec for p in got] == [p.spec for p in CNN_2D]
+    why = {p.weight.path: p.fsdp_kept for p in got}
+    assert why["conv2d_0.kernel"].startswith("a convolution kernel")
+    assert why["dense_1.bias"].startswith("a tf-keras bias or scale")
+    assert why["conv2d_1.bias"] == why["dense_1.bias"]
+    assert why["dense_1.kernel"].startswith("split on 'model' by the rules")
+    # a rule that puts a tf-keras bias on the data axis itself is refused, naming it
+    biased = [*CNN_2D[:-1], WeightPlan(CNN_2D[-1].weight, r"dense_1\.bias", ("batch",))]
+    with pytest.raises(UsageError, match=r"dense_1\\.bias'.*'dense_1.bias' on the data axis"):
+        check_fsdp_layers(biased, "batch", {"batch": 2, "model": 4})
+
+
+def test_fsdp_on_a_tensor_parallel_cnn_trains_as_one_device(cpu8):
+    """mnist_cnn_2d's case, shrunk (test_mesh_invariance's CNN on the embedded digits, its
+    Dense layers tensor-parallel on batch=2,model=4) with layouts.fsdp: it died in DTensor's
+    SPMD expansion ("Expected shape: <256> got shape: <128>"); now the same losses as one
+    device."""
+    from dtcli import recipe as R
+    from dtcli import session as T
+
+    sets = [
+        "data.flatten=false",
+        test_mesh_invariance.SMALL_CNN,
+        "layouts.rules=" + json.dumps(test_mesh_invariance.TP_RULES),
+        "layouts.fsdp=true",
+    ]
+    losses = {}
+    for mesh, use in (("batch=1", 1), ("batch=2,model=4", None)):
+        recipe = R.load(ROOT / "recipes" / "quickstart.yaml", R.Overrides(sets, mesh, "cpu:8"))
+        losses[mesh] = T.run_steps(T.prepare(recipe, use_devices=use), 5)
+    np.testing.assert_allclose(losses["batch=2,model=4"], losses["batch=1"], rtol=1e-5)
 
 
 def test_a_weight_on_the_data_and_a_model_axis_is_refused_for_keras_layers():
@@ -94,6 +174,34 @@ def test_plan_refuses_mixed_rules_on_a_layer_list_naming_the_rule(cli):
     assert result.code == 2
     assert len(result.err_lines) == 1
     assert "layouts.rules.dense_0\\.kernel" in result.err and "at once" in result.err
+
+
+def test_plan_says_why_fsdp_leaves_a_weight_and_what_it_pads(cli):
+    cnn = run_cli(
+        "plan",
+        ROOT / "recipes" / "quickstart.yaml",
+        *("--set", "data.flatten=false", "--set", test_mesh_invariance.SMALL_CNN),
+        *("--set", "layouts.fsdp=true"),
+    )
+    assert cnn.code == 0, cnn.err
+    notes = cnn.out[cnn.out.index("layouts.fsdp leaves weights as the rules put them:") :]
+    assert "\n  conv2d_0.kernel: a convolution kernel (DTensor needs" in notes
+    assert "\n  conv2d_0.bias, dense_0.bias, dense_1.bias: a tf-keras bias or scale" in notes
+    assert "\n  dense_0.kernel, dense_1.kernel: split on 'model' by the rules" in notes
+    assert "warning: layouts.fsdp shards no weight on the data axis 'batch'" in cnn.out
+    mlp = run_cli(
+        "plan",
+        ROOT / "recipes" / "mnist_core_mlp_fsdp.yaml",
+        *(x for s in PADDED_SETS for x in ("--set", s)),
+        "--json",
+    )
+    assert mlp.code == 0, mlp.err
+    weights = {w["path"]: w for w in json.loads(mlp.out.splitlines()[-1])["weights"]}
+    kernel = weights["dense_1.kernel"]
+    assert (kernel["shape"], kernel["padded_shape"]) == ([300, 100], [304, 100])
+    assert (kernel["shard_shape"], kernel["bytes_per_device"]) == ([38, 100], 38 * 100 * 4)
+    assert weights["dense_0.kernel"]["padded_shape"] is None
+    assert all(w["fsdp"] and w["fsdp_kept"] is None for w in weights.values())
 
 
 # --------------------------------------------------------------------------- live runs
@@ -268,20 +376,13 @@ def test_bf16_runs_the_matmuls_in_bf16_and_keeps_float32_state(fsdp_runs, text_f
 
 
 def host_state(session) -> dict[str, np.ndarray]:
-    """Every weight, optimizer slot and the step count, gathered to the host."""
-    from tensorflow.experimental import dtensor
-
+    """Every weight, optimizer slot and the step count, gathered to the host (at their own
+    shapes: without FSDP's padding)."""
     from dtcli import models
 
     state = models.host_weights(session.model, session.mesh)
     for i, var in enumerate(optimizer_slots(session)):
-        if session.mesh is None:  # an XLA run's plain variables
-            state[f"slot{i}"] = var.numpy()
-            continue
-        full = dtensor.relayout(
-            var.read_value(), dtensor.Layout.replicated(session.mesh, var.shape.rank)
-        )
-        state[f"slot{i}"] = dtensor.unpack(full)[0].numpy()
+        state[f"slot{i}"] = models.host_value(var, session.mesh)
     state["iterations"] = int(session.optimizer.iterations.numpy())
     return state
 
@@ -310,3 +411,127 @@ def test_checkpoints_cross_between_data_parallel_and_fsdp(
     assert want.keys() == got.keys()
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+# --------------------------------------------------------------------------- padded FSDP
+
+# recipes/mnist_core_mlp_fsdp.yaml (784-300-100-10 on batch=8) on synthetic MNIST-shaped data:
+# the same weights, padded as the shipped recipe pads them, with no files to read.
+PADDED_SETS = [
+    "data.source=synthetic",
+    "data.shape=[784]",
+    "data.classes=10",
+    "data.count=1280",
+    "data.eval_count=256",
+]
+
+
+def padded_session(mesh: str, use_devices: int | None = None):
+    from dtcli import recipe as R
+    from dtcli import session as T
+
+    recipe = R.load(
+        ROOT / "recipes" / "mnist_core_mlp_fsdp.yaml", R.Overrides(PADDED_SETS, mesh, "cpu:8")
+    )
+    return T.prepare(recipe, use_devices=use_devices)
+
+
+@pytest.fixture(scope="module")
+def padded_runs(cpu8):
+    """20 Adam steps of the shipped padded-FSDP recipe: on one device, and on batch=8."""
+    from dtcli import session as T
+
+    out = {}
+    for name, mesh, use in (("one", "batch=1", 1), ("fsdp", "batch=8", None)):
+        s = padded_session(mesh, use)
+        out[name] = (T.run_steps(s, 20), s)
+    return out
+
+
+def test_padded_fsdp_trains_as_one_device(padded_runs):
+    base, _ = padded_runs["one"]
+    losses, session = padded_runs["fsdp"]
+    padded = {p.weight.path: p.padded for p in session.plans if p.padded}
+    assert padded == {
+        "dense_0.bias": (304,),
+        "dense_1.kernel": (304, 100),
+        "dense_1.bias": (104,),
+        "dense_2.kernel": (104, 10),
+        "dense_2.bias": (16,),
+    }
+    np.testing.assert_allclose(losses, base, rtol=1e-5)
+    assert base[-1] < base[0] - 0.5  # it learned
+
+
+def padding(variable, mesh) -> np.ndarray:
+    """The padded rows of a padded variable, gathered to the host."""
+    from tensorflow.experimental import dtensor
+
+    full = dtensor.relayout(
+        variable.read_value(), dtensor.Layout.replicated(mesh, variable.shape.rank)
+    )
+    value = dtensor.unpack(full)[0].numpy()
+    dim = variable.padded_dim
+    return np.take(value, range(variable.unpadded_shape[dim], value.shape[dim]), axis=dim)
+
+
+def test_padded_fsdp_holds_an_eighth_as_the_plan_says_and_never_trains_the_padding(padded_runs):
+    """Weights + Adam state per device on the devices (each local shard) against one device's:
+    <= 0.13 (0.125 and a bit of padding), and byte for byte what `dtcli plan` and train's
+    memory check say. After 20 steps the padding of every weight and slot is still 0."""
+    from dtcli import memory, plan
+
+    _, one = padded_runs["one"]
+    _, session = padded_runs["fsdp"]
+    state = session.model.trainable_variables + optimizer_slots(session)
+    per_device = [sum(sizes) for sizes in zip(*(local_bytes(v) for v in state))]
+    replicated = sum(
+        local_bytes(v)[0] for v in one.model.trainable_variables + optimizer_slots(one)
+    )
+    assert len(set(per_device)) == 1
+    assert per_device[0] / replicated <= 0.13
+    report = plan.make_report(session.recipe)
+    totals = report.totals()["total"]
+    assert (totals["per_device"], totals["replicated"]) == (per_device[0], replicated)
+    planned = memory.plan_memory(session.recipe, session.axes)
+    assert planned.weights == per_device[0] // 3  # Adam: the weights and 2 slots
+    padded = [v for v in state if hasattr(v, "unpadded_shape")]
+    assert len(padded) == 3 * 5  # five weights padded, and their two slots each
+    for var in padded:
+        assert not padding(var, session.mesh).any(), var.name
+
+
+def test_a_padded_checkpoint_restores_unpadded_on_any_mesh(padded_runs, tmp_path):
+    """Written under padded FSDP, a checkpoint holds every weight and slot at its own shape;
+    it restores on one device (plain variables), on batch=4 (which pads only the last bias,
+    10 -> 12) and on batch=8 again, with equal weights, slots and eval numbers."""
+    import tensorflow as tf
+
+    from dtcli import session as T
+    from dtcli.steps import make_steps
+
+    _, trained = padded_runs["fsdp"]
+    assert len([p for p in trained.plans if p.padded]) == 5
+    path = tf.train.Checkpoint(**trained.checkpoint_objects()).write(str(tmp_path / "ckpt"))
+    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    assert shapes["model/layers/1/kernel/.ATTRIBUTES/VARIABLE_VALUE"] == [300, 100]
+    assert shapes["optimizer/slots/v5_v/.ATTRIBUTES/VARIABLE_VALUE"] == [10]
+    want = host_state(trained)
+
+    def evaluated(session):
+        return T.evaluate(session, make_steps(session)[1], session.eval_feed)
+
+    expected = evaluated(trained)
+    for mesh, use in (("batch=1", 1), ("batch=4", 4), ("batch=8", None)):
+        fresh = padded_session(mesh, use)
+        padded = {p.weight.path: p.padded for p in fresh.plans if p.padded}
+        assert padded == {"batch=4": {"dense_2.bias": (12,)}}.get(mesh, padded), mesh
+        tf.train.Checkpoint(**fresh.checkpoint_objects()).read(path).assert_consumed()
+        got = host_state(fresh)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{mesh}: {key}")
+        result = evaluated(fresh)
+        assert result["examples"] == expected["examples"] == 256
+        assert result["loss"] == pytest.approx(expected["loss"], rel=1e-6), mesh
+        assert result["accuracy"] == expected["accuracy"], mesh

@@ -37,6 +37,7 @@ __all__ = [
     "check_output",
     "describe_core",
     "describe_keras",
+    "host_value",
     "host_weights",
     "transformer",
     "weight_plans",
@@ -71,7 +72,8 @@ def weight_plans(
     data_axis = recipe.layouts.data_axis
     own = gathers_weights(recipe.model)
     if recipe.layouts.fsdp:
-        plans = apply_fsdp(plans, data_axis, axes, only_unsharded=not own)
+        # Only the Core MLP's layers pad (models/padded.py); dtcli's GPT could, not yet done.
+        plans = apply_fsdp(plans, data_axis, axes, gathers=own, pads=recipe.model.api == "core")
     if not own:
         check_fsdp_layers(plans, data_axis, axes)
     return plans, initial
@@ -121,12 +123,17 @@ def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
 def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:
     """Every weight gathered to the host as one numpy array, keyed by its path (`mesh` None:
     plain variables)."""
+    return {path: host_value(var, mesh) for path, var in built.variables.items()}
+
+
+def host_value(variable: Any, mesh: Any) -> np.ndarray:
+    """A variable (a weight or an optimizer slot) gathered to the host at its own shape: a
+    padded one without its padding (models/padded.py). `mesh` None: a plain variable."""
     from tensorflow.experimental import dtensor
 
     if mesh is None:
-        return {path: var.numpy() for path, var in built.variables.items()}
-    values = {}
-    for path, var in built.variables.items():
-        full = dtensor.relayout(var.read_value(), replicated(mesh, len(var.shape)))
-        values[path] = dtensor.unpack(full)[0].numpy()
-    return values
+        return variable.numpy()
+    full = dtensor.relayout(variable.read_value(), replicated(mesh, len(variable.shape)))
+    value = dtensor.unpack(full)[0].numpy()
+    shape = getattr(variable, "unpadded_shape", value.shape)
+    return value[tuple(slice(0, n) for n in shape)]

@@ -170,7 +170,7 @@ def gathered_weights(
         if data_axis not in p.spec:
             continue
         n = 1
-        for size, axis in zip(p.weight.shape, p.spec):
+        for size, axis in zip(p.stored_shape, p.spec):  # a padded weight gathers padded
             n *= size if axis in (UNSHARDED, data_axis) else size // axes[axis]
         matmul = p.weight.path.endswith("kernel")
         nbytes = n * (c if matmul else F32)

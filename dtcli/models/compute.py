@@ -39,8 +39,9 @@ class Compute:
         return self.gather(variable, value)
 
     def gather(self, variable: Any, value: Any) -> Any:
-        """`value` (read from `variable`) relaid out without the FSDP axis; a no-op for a
-        weight not sharded on it and for plain (host) variables."""
+        """`value` (read from `variable`) relaid out without the FSDP axis, and a padded
+        weight's padding sliced off (models/padded.py); a no-op for a weight not sharded on it
+        and for plain (host) variables."""
         layout = getattr(variable, "layout", None)
         if self.gather_axis is None or layout is None:
             return value
@@ -49,8 +50,16 @@ class Compute:
             return value
         from tensorflow.experimental import dtensor
 
-        compute = [UNSHARDED if s == self.gather_axis else s for s in specs]
-        return dtensor.relayout(value, dtensor.Layout(compute, layout.mesh))
+        compute = dtensor.Layout(
+            [UNSHARDED if s == self.gather_axis else s for s in specs], layout.mesh
+        )
+        value = dtensor.relayout(value, compute)
+        shape = getattr(variable, "unpadded_shape", None)
+        if shape is None:
+            return value
+        from dtcli.models.padded import unpad
+
+        return unpad(value, shape)  # the slice's gradient gives the padding 0
 
     def activation(self, x: Any) -> Any:
         """A matmul's input activation in the compute dtype."""

@@ -108,26 +108,27 @@ def build(
 
 
 def _variable(plan: WeightPlan, mesh: Any, seed: int) -> Any:
-    """One weight: a kernel drawn from the seed (Glorot uniform, as seed 000), a bias zeros."""
+    """One weight: a kernel drawn from the seed (Glorot uniform, as seed 000), a bias zeros;
+    on a mesh drawn on a replicated layout (identical on every mesh), then laid out as
+    planned, padded where layouts.fsdp pads it (models/padded.py)."""
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
     path, shape = plan.weight.path, plan.weight.shape
     name = path.split(".")[1]
-    if not path.endswith(".kernel"):
-        if mesh is None:
-            return tf.Variable(tf.zeros(shape), name=name)
-        return dtensor.DVariable(
-            dtensor.call_with_layout(tf.zeros, to_layout(plan.spec, mesh), shape=shape), name=name
-        )
-    index = int(path.split(".")[0].split("_")[1])
-    limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))
-    draw = dict(shape=shape, seed=(seed, index), minval=-limit, maxval=limit)
+    if path.endswith(".kernel"):
+        index = int(path.split(".")[0].split("_")[1])
+        limit = float(np.sqrt(6.0 / (shape[0] + shape[1])))
+        make = tf.random.stateless_uniform
+        args = dict(shape=shape, seed=(seed, index), minval=-limit, maxval=limit)
+    else:
+        make, args = tf.zeros, {"shape": shape}
     if mesh is None:
-        return tf.Variable(tf.random.stateless_uniform(**draw), name=name)
-    # Drawn on a replicated layout (identical on every mesh), then relaid out.
-    value = dtensor.call_with_layout(tf.random.stateless_uniform, replicated(mesh, 2), **draw)
-    return dtensor.DVariable(dtensor.relayout(value, to_layout(plan.spec, mesh)), name=name)
+        return tf.Variable(make(**args), name=name)
+    from dtcli.models import padded
+
+    value = dtensor.call_with_layout(make, replicated(mesh, len(shape)), **args)
+    return padded.on_mesh(value, to_layout(plan.spec, mesh), plan.stored_shape, name)
 
 
 def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
