@@ -210,9 +210,9 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
     assert r.code == 0, r.err
     assert calls[0] == ("R", None) and calls[1][0] == [b"a", b"b"]
     assert calls[1][1] == generate.Settings(200, 1.0, None, 0.5, 0, cache=False)
-    (tmp_path / "p.txt").write_bytes(b"one\r\n\n  \ntwo \xff\n")
+    (tmp_path / "p.txt").write_bytes("one\r\n\n  \ntwo é\n".encode())
     assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt").code == 0
-    assert calls[-1][0] == [b"one", b"two \xff"] and calls[-1][1].cache
+    assert calls[-1][0] == [b"one", "two é".encode()] and calls[-1][1].cache
 
 
 def test_the_rate_line_of_a_short_request_has_no_steady_rate():
