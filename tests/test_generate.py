@@ -19,7 +19,9 @@ CONTEXT = 16
 # recipes/tiny_gpt_tensor_parallel.yaml shrunk as in test_language_model.py: 8 heads split 4
 # ways on model=4. Trained on one device in a fresh process (about 15 s): enough for greedy
 # text that differs between the prompts (" the the the" after "ROMEO:\nThe", "und" after "O").
+# train.compile xla: its checkpoint still generates on any mesh (rundir.checkpoint_recipe).
 TRAIN = [
+    "train.compile=xla",
     f"model.transformer={{layers: 1, d_model: 32, heads: 8, mlp_ratio: 2, context: {CONTEXT}}}",
     "data.batch_size=16",
     "data.eval_batch_size=8",
