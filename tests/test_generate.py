@@ -1,8 +1,9 @@
 """`dtcli generate` with the KV cache: at every step (window restarts included) the cached
 forward pass gives the logits of the window pass training runs, so greedy text is the same with
-and without the cache, on 1 device and on batch=2,model=4 (heads split, prompts on the data
-axis); several prompts batched give each prompt's text alone; top-p, end of document, the
-windowing policy, what the command prints, and its options."""
+and without the cache, on 1 device (plain variables compiled by XLA, and DTensor) and on
+batch=2,model=4 (heads split, prompts on the data axis); several prompts batched give each
+prompt's text alone; top-p, end of document, the windowing policy, what the command prints, and
+its options."""
 
 from __future__ import annotations
 
@@ -58,6 +59,13 @@ def one(run_dir, cpu8):
 
 
 @pytest.fixture(scope="module")
+def one_dtensor(run_dir, cpu8):
+    """One device on DTensor, as a run with train.compile dtensor generates."""
+    sets = ("train.compile=dtensor",)
+    return generate.Generator(run_dir, "batch=1", "cpu:8", use_devices=1, sets=sets)
+
+
+@pytest.fixture(scope="module")
 def tp(run_dir, cpu8):
     return generate.Generator(run_dir, mesh="batch=2,model=4", devices="cpu:8")
 
@@ -105,6 +113,21 @@ def test_greedy_text_is_the_same_with_and_without_the_cache_on_any_mesh_and_alon
     # each prompt alone (one row; on the mesh: padded to two rows)
     assert [texts(one, [p], greedy())[0] for p in PROMPTS] == base
     assert texts(tp, PROMPTS[2:], greedy()) == base[2:]
+
+
+def test_one_device_generates_on_plain_variables_compiled_by_xla_as_dtensor_does(one, one_dtensor):
+    """The same greedy tokens at every step as the one-device DTensor path on the same
+    checkpoint, with and without the cache; each pass traced once (its shapes never change), so
+    XLA compiles it once."""
+    assert one.session.xla and not one_dtensor.session.xla
+    assert all(not hasattr(v, "layout") for v in one.session.model.variables.values())
+    for cache in (True, False):
+        on_xla = list(one.steps(PROMPTS, greedy(cache=cache)))
+        assert on_xla == list(one_dtensor.steps(PROMPTS, greedy(cache=cache))), cache
+        assert len(on_xla) == TOKENS
+    cached, window = one.forward_for(True, 3), one.forward_for(False, 3)
+    for function in (cached.gpt.prefill, cached.gpt.decode, window.logits_at):
+        assert function.experimental_get_tracing_count() == 1
 
 
 def test_caches_are_laid_out_batch_on_the_data_axis_heads_on_model(tp):
@@ -201,16 +224,28 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
     calls = []
 
     class Stub:
-        def __init__(self, path, mesh=None, devices=None):
-            calls.append((path, mesh))
+        def __init__(self, path, mesh=None, devices=None, sets=()):
+            calls.append((path, mesh, sets))
 
     monkeypatch.setattr(generate, "Generator", Stub)
     monkeypatch.setattr(
         generate, "write", lambda g, prompts, s, out, err: calls.append((prompts, s))
     )
-    r = run_cli("generate", "R", "--prompt", "a", "--prompt", "b", "--top-p", ".5", "--no-cache")
+    r = run_cli(
+        "generate",
+        "R",
+        "--prompt",
+        "a",
+        "--prompt",
+        "b",
+        "--top-p",
+        ".5",
+        "--no-cache",
+        "--set",
+        "train.compile=dtensor",
+    )
     assert r.code == 0, r.err
-    assert calls[0] == ("R", None) and calls[1][0] == [b"a", b"b"]
+    assert calls[0] == ("R", None, ("train.compile=dtensor",)) and calls[1][0] == [b"a", b"b"]
     assert calls[1][1] == generate.Settings(200, 1.0, None, 0.5, 0, cache=False)
     (tmp_path / "p.txt").write_bytes("one\r\n\n  \ntwo é\n".encode())
     assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt").code == 0
