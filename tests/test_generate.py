@@ -135,6 +135,7 @@ def test_caches_are_laid_out_batch_on_the_data_axis_heads_on_model(tp):
 
     forward = tp.forward_for(True, 4)
     list(tp.steps(PROMPTS, greedy(3)))
+    assert "with the KV cache, on DTensor;" in tp.stats.line()
     for cache in forward.caches:
         layout = dtensor.fetch_layout(cache)
         assert layout.sharding_specs == ["batch", "model", "unsharded", "unsharded"]
@@ -214,7 +215,8 @@ def test_write_prints_blocks_for_several_prompts_and_tokens_per_second(one):
         f"==> prompt 1: 'ROMEO:' <==\n{expected[0]}\n\n==> prompt 2: 'O' <==\n{expected[1]}\n"
     )
     line = err.getvalue()
-    assert line.startswith("tokens/s: ") and "10 new tokens" in line and "KV cache" in line
+    assert line.startswith("tokens/s: ") and "10 new tokens" in line
+    assert "with the KV cache, compiled by XLA;" in line
     out, err = io.StringIO(), io.StringIO()
     generate.write(one, PROMPTS[:1], greedy(5, cache=False), out, err)
     assert out.getvalue() == expected[0] + "\n" and "without a cache" in err.getvalue()

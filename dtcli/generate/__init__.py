@@ -138,6 +138,7 @@ class Stats:
     tokens: int
     seconds: float
     cache: bool
+    xla: bool = False  # compiled by XLA (one device), else run on DTensor
     steps: int = 0
     warm_seconds: float = 0.0  # the first WARM steps'
     warm_tokens: int = 0
@@ -162,6 +163,7 @@ class Stats:
 
     def line(self) -> str:
         how = "with the KV cache" if self.cache else "without a cache"
+        how += ", compiled by XLA" if self.xla else ", on DTensor"
         # No steady rate when no step followed the first WARM (a short request).
         steady = (
             f"{self.steady:.1f} after the first {self.WARM} steps, which took "
@@ -223,7 +225,7 @@ class Generator:
         cached = settings.cache and self.can_cache
         forward = self.forward_for(cached, rows)
         picker = _Picker(settings, len(ids), vocab)
-        stats = self.stats = Stats(0, 0.0, cached)
+        stats = self.stats = Stats(0, 0.0, cached, self.session.xla)
         start = time.perf_counter()
         for first in range(0, len(ids), rows):
             if cached:
