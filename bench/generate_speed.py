@@ -16,15 +16,26 @@ after the first 2 steps (which trace and compile), as the tokens/s line gives it
 
 It prints each run's rate and, last, one JSON line with the medians and their ratios.
 
-Measured on 2 cores of a Xeon SHARED with other work (load average 8-19: noisy; one virtual CPU
-device; medians of 5 alternated runs, greedy texts identical every time), dtcli at the commit
-that put one-device generation on XLA:
-    python bench/generate_speed.py                 context 64:  FIGURES64
-    ... --set "model.transformer.context=256"      context 256: FIGURES256
-A decode step on DTensor pays the executor's fixed cost on each of its ~300 small ops (about
-4.5 ms a token whatever the context, measured on a quiet machine); XLA fuses them into a few
-kernels. The window pass grows with the context, so the cache wins more with a longer context,
-more prompts, a bigger model.
+Measured on 2 cores of a Xeon SHARED with other work (noisy: load average 10 for these, 16-26
+for the others below), one virtual CPU device, medians of 5 alternated runs, greedy texts
+identical every time; runs of tiny_gpt trained 300 steps at each context:
+    dtcli train recipes/tiny_gpt.yaml --set data.path=../shared/data/tinyshakespeare/input.txt \
+      --set train.steps=300 --set train.eval_every=300 --set optimizer.warmup_steps=75 \
+      --set data.eval_batch_size=12 --set model.transformer.context=64 --out /tmp/b64
+    python bench/generate_speed.py /tmp/b64       (and /tmp/b256, trained with context=256)
+tokens/s after the first 2 steps, XLA / DTensor (CPU time a token, XLA / DTensor):
+    context 64,  cache:    442 / 177  2.5x   (1.05 / 3.17 ms)
+    context 64,  no cache: 218 / 159  1.37x  (2.20 / 4.78 ms)
+    context 256, cache:    601 / 305  1.97x  (1.15 / 3.54 ms)
+    context 256, no cache:  71 /  65  1.08x  (7.80 / 10.45 ms)
+Under the heavier load the cache's ratio was 1.5-2.3x at context 64 and 0.87-1.75x at 256, and
+the window pass at context 256 fell to 0.41-0.67x in wall time, while XLA's CPU time a token
+stayed the lower in every run: most likely XLA's kernels split over two threads and wait for a
+core busy elsewhere (pinned to one core, `taskset -c 1`: 0.98x; one window pass alone with
+TF_NUM_INTRAOP_THREADS=1, best of 5: XLA 6.5 ms, DTensor 6.9). Re-measure on a quiet machine.
+A decode step on DTensor pays the executor's fixed cost on each of its ~300 small ops; XLA
+fuses them into a few kernels. The window pass grows with the context, so the cache wins more
+with a longer context, more prompts, a bigger model.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ for every token instead, as any other language model (`model.build`) always does
 
 On one device both passes run on plain variables compiled by XLA, each once (their shapes never
 change), as `train` and `eval` run there (`train.compile`, mesh.compiles_with_xla); a bigger
-mesh runs them on DTensor. (A decode step on DTensor pays the executor's fixed cost on each of
-its few hundred small ops: ~4.5 ms a token for tiny_gpt whatever its size.)
+mesh runs them on DTensor. (On DTensor a decode step pays the executor's fixed cost on each of
+its few hundred small ops, ~4.5 ms a token for tiny_gpt whatever the context; XLA fuses them.)
 
 Several prompts run together, one row each, the rows split along the data axis (padded to a
 multiple of its size; at most MAX_ROWS rows at a time); each row has its own window and

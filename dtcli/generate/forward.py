@@ -8,10 +8,9 @@ forward pass, the one training runs, over every row's whole window at every step
 it starts anew (the prompt, a restart of the windowing policy), else one position per row.
 
 On a mesh every input is packed with its rows split along the data axis (session.packer), never
-replicated:
-DTensor folds a small replicated int input into the lowered program and lowers it again when its
-value changes (measured here: a replicated int32 [1, 1] token lowered a second time, a
-batch-split one never, even on an axis of size 1; DTENSOR_NOTES.md).
+replicated: DTensor folds a small replicated int input into the lowered program and lowers it
+again when its value changes (measured here: a replicated int32 [1, 1] token lowered a second
+time, a batch-split one never, even on an axis of size 1; DTENSOR_NOTES.md).
 """
 
 from __future__ import annotations
