@@ -601,6 +601,9 @@ CASES: dict[str, Case] = {
         expect="holds no prompt",
         setup=file_at("p.txt", "\n \n"),
     ),
+    "generate set unknown key": c(
+        "generate", "{run}", "--set", "train.compil=xla", expect="unknown recipe key 'train.compil'"
+    ),
     "generate prompts binary": c(
         "generate",
         "{run}",
