@@ -1,26 +1,41 @@
-"""`dtcli generate` with the KV cache against without it (--no-cache): tokens/s, one process.
+"""`dtcli generate` on one device: XLA against DTensor, with the KV cache and without it
+(--no-cache): tokens/s, one process.
 
 recipes/tiny_gpt.yaml's GPT (4 layers, 128 wide, context 64) is trained a few steps into a
-temporary run (or RUN_DIR is used), restored once on one device, and both forward passes
-generate the same greedy text of --tokens new tokens (so the window restarts several times)
-after a warm-up run each (tracing and compiling are not timed); the timed runs alternate
-between them, so machine noise hits both alike. Each run's rate is Stats.per_second: new tokens
-over the wall time from the first forward pass to the last token.
+temporary run (or RUN_DIR is used) and restored twice on one device: on plain variables whose
+forward passes XLA compiles (train.compile=xla, what one device runs by default) and on a
+one-device DTensor mesh (train.compile=dtensor, what generate ran before it followed
+train.compile). All four variants generate the same greedy text of --tokens new tokens (so the
+window restarts several times) after a warm-up run each; the timed runs alternate between them,
+so machine noise hits all alike. Each run's rate is Stats.steady: new tokens over the wall time
+after the first 2 steps (which trace and compile), as the tokens/s line gives it.
 
     python bench/generate_speed.py                    # trains 20 steps into a temporary run
     python bench/generate_speed.py RUN_DIR --tokens 256 --repeats 5 --prompts 1
     python bench/generate_speed.py --set "model.transformer.context=256"   # a longer window
 
-It prints each run's rate and, last, one JSON line with the medians and their ratio.
+It prints each run's rate and, last, one JSON line with the medians and their ratios.
 
-Measured on 2 shared cores of a Xeon (one virtual CPU device; medians of 5 alternated runs,
-greedy texts identical every time), dtcli at the KV-cache commit:
-    python bench/generate_speed.py                 context 64:  193 vs 114 tokens/s (1.7x)
-    ... --set "model.transformer.context=256"      context 256: 174 vs  43 tokens/s (4.0x)
-    ... --prompts 8 --repeats 3                    context 64, 8 prompts: 1127 vs 260 (4.3x)
-A decode step of the 4-block GPT costs about 4.5 ms whatever the context: ~300 small ops, each
-with the executor's fixed cost, dominate its arithmetic on a CPU; the window pass grows with the
-context. The cache wins more with a longer context, more prompts, a bigger model.
+Measured on 2 cores of a Xeon SHARED with other work (noisy: load average 10 for these, 16-26
+for the others below), one virtual CPU device, medians of 5 alternated runs, greedy texts
+identical every time; runs of tiny_gpt trained 300 steps at each context:
+    dtcli train recipes/tiny_gpt.yaml --set data.path=../shared/data/tinyshakespeare/input.txt \
+      --set train.steps=300 --set train.eval_every=300 --set optimizer.warmup_steps=75 \
+      --set data.eval_batch_size=12 --set model.transformer.context=64 --out /tmp/b64
+    python bench/generate_speed.py /tmp/b64       (and /tmp/b256, trained with context=256)
+tokens/s after the first 2 steps, XLA / DTensor (CPU time a token, XLA / DTensor):
+    context 64,  cache:    442 / 177  2.5x   (1.05 / 3.17 ms)
+    context 64,  no cache: 218 / 159  1.37x  (2.20 / 4.78 ms)
+    context 256, cache:    601 / 305  1.97x  (1.15 / 3.54 ms)
+    context 256, no cache:  71 /  65  1.08x  (7.80 / 10.45 ms)
+Under the heavier load the cache's ratio was 1.5-2.3x at context 64 and 0.87-1.75x at 256, and
+the window pass at context 256 fell to 0.41-0.67x in wall time, while XLA's CPU time a token
+stayed the lower in every run: most likely XLA's kernels split over two threads and wait for a
+core busy elsewhere (pinned to one core, `taskset -c 1`: 0.98x; one window pass alone with
+TF_NUM_INTRAOP_THREADS=1, best of 5: XLA 6.5 ms, DTensor 6.9). Re-measure on a quiet machine.
+A decode step on DTensor pays the executor's fixed cost on each of its ~300 small ops; XLA
+fuses them into a few kernels. The window pass grows with the context, so the cache wins more
+with a longer context, more prompts, a bigger model.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,36 +90,64 @@ def main() -> None:
         measure(run, args.tokens, args.repeats, args.prompts)
 
 
+# What runs: (path, cache). The path is the recipe key generate follows on one device.
+VARIANTS = [(path, cache) for path in ("xla", "dtensor") for cache in (True, False)]
+
+
 def measure(run: Path, tokens: int, repeats: int, prompts: int) -> None:
     from dtcli import generate
 
-    gen = generate.Generator(run, mesh="batch=1", devices="cpu:1")
+    gens = {
+        path: generate.Generator(run, "batch=1", "cpu:1", sets=(f"train.compile={path}",))
+        for path in ("xla", "dtensor")
+    }
     texts = [f"ROMEO {i}:".encode() for i in range(prompts)]
-    rates: dict[bool, list[float]] = {True: [], False: []}
+    rates: dict[tuple[str, bool], list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[tuple[str, bool], list[float]] = {v: [] for v in VARIANTS}
     outputs = {}
     for repeat in range(repeats + 1):  # the first of each: the warm-up (compiling)
-        for cache in (True, False) if repeat % 2 else (False, True):
+        # Each repeat in the other order: no variant always runs first.
+        for path, cache in VARIANTS if repeat % 2 else VARIANTS[::-1]:
+            gen = gens[path]
             settings = generate.Settings(tokens, temperature=0.0, cache=cache)
-            outputs[cache] = [t for _, t in gen.texts(texts, settings)]
+            started = time.process_time()
+            outputs[path, cache] = [t for _, t in gen.texts(texts, settings)]
             stats = gen.stats
-            name = "cache   " if cache else "no-cache"
+            # CPU time of this process per new token, first steps included: on a shared machine
+            # it moves less than the wall time does (waits for a core are not in it).
+            cpu_ms = 1000 * (time.process_time() - started) / stats.tokens
             note = " (warm-up)" if repeat == 0 else ""
-            print(f"{name} {stats.per_second:8.1f} tokens/s  {stats.seconds:6.2f} s{note}")
+            print(
+                f"{name(path, cache):17s} {stats.steady:8.1f} tokens/s after the first "
+                f"{stats.WARM} steps  {stats.seconds:6.2f} s in all  {cpu_ms:6.2f} ms of CPU a "
+                f"token{note}",
+                flush=True,
+            )
             if repeat:
-                rates[cache].append(stats.per_second)
-    if outputs[True] != outputs[False]:
-        sys.exit("the greedy texts with and without the cache differ")
-    with_cache, without = statistics.median(rates[True]), statistics.median(rates[False])
+                rates[path, cache].append(stats.steady)
+                cpu[path, cache].append(cpu_ms)
+    if len({tuple(o) for o in outputs.values()}) != 1:
+        sys.exit("the greedy texts of the variants differ")
+    median = {v: statistics.median(r) for v, r in rates.items()}
     result = {
         "tokens": tokens,
         "prompts": prompts,
-        "context": gen.context,
-        "cache_tokens_per_sec": round(with_cache, 1),
-        "no_cache_tokens_per_sec": round(without, 1),
-        "ratio": round(with_cache / without, 2),
+        "context": gens["xla"].context,
+        **{f"{name(*v).replace(' ', '_')}_tokens_per_sec": round(median[v], 1) for v in VARIANTS},
+        **{
+            f"{name(*v).replace(' ', '_')}_cpu_ms_per_token": round(statistics.median(cpu[v]), 2)
+            for v in VARIANTS
+        },
+        "xla_over_dtensor_cache": round(median["xla", True] / median["dtensor", True], 2),
+        "xla_over_dtensor_no_cache": round(median["xla", False] / median["dtensor", False], 2),
+        "cache_over_no_cache_xla": round(median["xla", True] / median["xla", False], 2),
         "same_greedy_text": True,
     }
     print(json.dumps(result))
+
+
+def name(path: str, cache: bool) -> str:
+    return f"{path} {'cache' if cache else 'no-cache'}"
 
 
 if __name__ == "__main__":

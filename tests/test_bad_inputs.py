@@ -66,11 +66,11 @@ def quick_edit(edit: Callable[[dict], None]):
     return setup
 
 
-def file_at(name: str, text: str = "x"):
+def file_at(name: str, text: str | bytes = "x"):
     def setup(tmp: Path) -> None:
         path = tmp / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
 
     return setup
 
@@ -675,6 +675,25 @@ CASES: dict[str, Case] = {
         "{tmp}/p.txt",
         expect="holds no prompt",
         setup=file_at("p.txt", "\n \n"),
+    ),
+    "generate set unknown key": c(
+        "generate", "{run}", "--set", "train.compil=xla", expect="unknown recipe key 'train.compil'"
+    ),
+    "generate prompts binary": c(
+        "generate",
+        "{run}",
+        "--prompts",
+        "{tmp}/p.png",
+        expect="--prompts '{tmp}/p.png': not UTF-8 text (byte 0x89 on line 1)",
+        setup=file_at("p.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"),
+    ),
+    "generate prompts with a NUL": c(
+        "generate",
+        "{run}",
+        "--prompts",
+        "{tmp}/p.txt",
+        expect="not UTF-8 text (a NUL byte on line 2)",
+        setup=file_at("p.txt", b"ROMEO:\nJU\0LIET:\n"),
     ),
     "generate prompt and prompts": c(
         "generate",

@@ -1,8 +1,9 @@
 """`dtcli generate` with the KV cache: at every step (window restarts included) the cached
 forward pass gives the logits of the window pass training runs, so greedy text is the same with
-and without the cache, on 1 device and on batch=2,model=4 (heads split, prompts on the data
-axis); several prompts batched give each prompt's text alone; top-p, end of document, the
-windowing policy, what the command prints, and its options."""
+and without the cache, on 1 device (plain variables compiled by XLA, and DTensor) and on
+batch=2,model=4 (heads split, prompts on the data axis); several prompts batched give each
+prompt's text alone; top-p, end of document, the windowing policy, what the command prints, and
+its options."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ CONTEXT = 16
 # recipes/tiny_gpt_tensor_parallel.yaml shrunk as in test_language_model.py: 8 heads split 4
 # ways on model=4. Trained on one device in a fresh process (about 15 s): enough for greedy
 # text that differs between the prompts (" the the the" after "ROMEO:\nThe", "und" after "O").
+# train.compile xla: its checkpoint still generates on any mesh (rundir.checkpoint_recipe).
 TRAIN = [
+    "train.compile=xla",
     f"model.transformer={{layers: 1, d_model: 32, heads: 8, mlp_ratio: 2, context: {CONTEXT}}}",
     "data.batch_size=16",
     "data.eval_batch_size=8",
@@ -54,6 +57,13 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one(run_dir, cpu8):
     return generate.Generator(run_dir, mesh="batch=1", devices="cpu:8", use_devices=1)
+
+
+@pytest.fixture(scope="module")
+def one_dtensor(run_dir, cpu8):
+    """One device on DTensor, as a run with train.compile dtensor generates."""
+    sets = ("train.compile=dtensor",)
+    return generate.Generator(run_dir, "batch=1", "cpu:8", use_devices=1, sets=sets)
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +116,27 @@ def test_greedy_text_is_the_same_with_and_without_the_cache_on_any_mesh_and_alon
     assert texts(tp, PROMPTS[2:], greedy()) == base[2:]
 
 
+def test_one_device_generates_on_plain_variables_compiled_by_xla_as_dtensor_does(one, one_dtensor):
+    """The same greedy tokens at every step as the one-device DTensor path on the same
+    checkpoint, with and without the cache; each pass traced once (its shapes never change), so
+    XLA compiles it once."""
+    assert one.session.xla and not one_dtensor.session.xla
+    assert all(not hasattr(v, "layout") for v in one.session.model.variables.values())
+    for cache in (True, False):
+        on_xla = list(one.steps(PROMPTS, greedy(cache=cache)))
+        assert on_xla == list(one_dtensor.steps(PROMPTS, greedy(cache=cache))), cache
+        assert len(on_xla) == TOKENS
+    cached, window = one.forward_for(True, 3), one.forward_for(False, 3)
+    for function in (cached.gpt.prefill, cached.gpt.decode, window.logits_at):
+        assert function.experimental_get_tracing_count() == 1
+
+
 def test_caches_are_laid_out_batch_on_the_data_axis_heads_on_model(tp):
     from tensorflow.experimental import dtensor
 
     forward = tp.forward_for(True, 4)
     list(tp.steps(PROMPTS, greedy(3)))
+    assert "with the KV cache, on DTensor;" in tp.stats.line()
     for cache in forward.caches:
         layout = dtensor.fetch_layout(cache)
         assert layout.sharding_specs == ["batch", "model", "unsharded", "unsharded"]
@@ -190,7 +216,8 @@ def test_write_prints_blocks_for_several_prompts_and_tokens_per_second(one):
         f"==> prompt 1: 'ROMEO:' <==\n{expected[0]}\n\n==> prompt 2: 'O' <==\n{expected[1]}\n"
     )
     line = err.getvalue()
-    assert line.startswith("tokens/s: ") and "10 new tokens" in line and "KV cache" in line
+    assert line.startswith("tokens/s: ") and "10 new tokens" in line
+    assert "with the KV cache, compiled by XLA;" in line
     out, err = io.StringIO(), io.StringIO()
     generate.write(one, PROMPTS[:1], greedy(5, cache=False), out, err)
     assert out.getvalue() == expected[0] + "\n" and "without a cache" in err.getvalue()
@@ -200,20 +227,32 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
     calls = []
 
     class Stub:
-        def __init__(self, path, mesh=None, devices=None):
-            calls.append((path, mesh))
+        def __init__(self, path, mesh=None, devices=None, sets=()):
+            calls.append((path, mesh, sets))
 
     monkeypatch.setattr(generate, "Generator", Stub)
     monkeypatch.setattr(
         generate, "write", lambda g, prompts, s, out, err: calls.append((prompts, s))
     )
-    r = run_cli("generate", "R", "--prompt", "a", "--prompt", "b", "--top-p", ".5", "--no-cache")
+    r = run_cli(
+        "generate",
+        "R",
+        "--prompt",
+        "a",
+        "--prompt",
+        "b",
+        "--top-p",
+        ".5",
+        "--no-cache",
+        "--set",
+        "train.compile=dtensor",
+    )
     assert r.code == 0, r.err
-    assert calls[0] == ("R", None) and calls[1][0] == [b"a", b"b"]
+    assert calls[0] == ("R", None, ("train.compile=dtensor",)) and calls[1][0] == [b"a", b"b"]
     assert calls[1][1] == generate.Settings(200, 1.0, None, 0.5, 0, cache=False)
-    (tmp_path / "p.txt").write_bytes(b"one\r\n\n  \ntwo \xff\n")
+    (tmp_path / "p.txt").write_bytes("one\r\n\n  \ntwo é\n".encode())
     assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt").code == 0
-    assert calls[-1][0] == [b"one", b"two \xff"] and calls[-1][1].cache
+    assert calls[-1][0] == [b"one", "two é".encode()] and calls[-1][1].cache
 
 
 def test_the_rate_line_of_a_short_request_has_no_steady_rate():

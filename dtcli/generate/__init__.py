@@ -10,6 +10,11 @@ not a window; `cache=False` (--no-cache) runs the model's training forward pass 
 for every token instead, as any other language model (`model.build`) always does. Greedy text
 (temperature 0) is the same with and without the cache and on every mesh.
 
+On one device both passes run on plain variables compiled by XLA, each once (their shapes never
+change), as `train` and `eval` run there (`train.compile`, mesh.compiles_with_xla); a bigger
+mesh runs them on DTensor. (On DTensor a decode step pays the executor's fixed cost on each of
+its few hundred small ops, ~4.5 ms a token for tiny_gpt whatever the context; XLA fuses them.)
+
 Several prompts run together, one row each, the rows split along the data axis (padded to a
 multiple of its size; at most MAX_ROWS rows at a time); each row has its own window and
 position, so a prompt's greedy text is the one it gets alone. A prompt stops at the tokenizer's
@@ -81,8 +86,8 @@ def prompt_bytes(prompt: str | bytes) -> bytes:
 
 
 def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[bytes]:
-    """The prompts of --prompt (repeated; default one newline) or of --prompts FILE (one a line,
-    without its line end; blank lines skipped), as bytes."""
+    """The prompts of --prompt (repeated; default one newline) or of --prompts FILE (UTF-8 text,
+    one a line, without its line end; blank lines skipped), as bytes."""
     if prompts and prompts_file is not None:
         raise UsageError("--prompts: give the prompts with --prompt or with --prompts, not both")
     if prompts_file is None:
@@ -96,10 +101,30 @@ def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[by
         reason = exc.strerror or type(exc).__name__
         raise UsageError(f"--prompts {prompts_file!r}: cannot read it ({reason})") from None
     lines = [line.removesuffix(b"\r") for line in data.split(b"\n")]
+    _check_text(prompts_file, lines)
     found = [line for line in lines if line.strip()]
     if not found:
         raise UsageError(f"--prompts {prompts_file!r}: holds no prompt (one a line)")
     return found
+
+
+def _check_text(prompts_file: str, lines: list[bytes]) -> None:
+    """A prompts file is UTF-8 text: a binary file (an image, a checkpoint's shard, a zip)
+    given by mistake would otherwise become thousands of prompts of noise. (A prompt of any
+    bytes can still be given with --prompt.)"""
+    for number, line in enumerate(lines, 1):
+        if b"\0" in line:
+            problem = "a NUL byte"
+        else:
+            try:
+                line.decode("utf-8")
+                continue
+            except UnicodeDecodeError as exc:
+                problem = f"byte 0x{line[exc.start]:02x}"
+        raise UsageError(
+            f"--prompts {prompts_file!r}: not UTF-8 text ({problem} on line {number}); "
+            "expected a text file of prompts, one a line"
+        )
 
 
 @dataclass
@@ -113,6 +138,7 @@ class Stats:
     tokens: int
     seconds: float
     cache: bool
+    xla: bool = False  # compiled by XLA (one device), else run on DTensor
     steps: int = 0
     warm_seconds: float = 0.0  # the first WARM steps'
     warm_tokens: int = 0
@@ -137,6 +163,7 @@ class Stats:
 
     def line(self) -> str:
         how = "with the KV cache" if self.cache else "without a cache"
+        how += ", compiled by XLA" if self.xla else ", on DTensor"
         # No steady rate when no step followed the first WARM (a short request).
         steady = (
             f"{self.steady:.1f} after the first {self.WARM} steps, which took "
@@ -153,7 +180,8 @@ class Stats:
 class Generator:
     """A language-model checkpoint restored on a mesh, ready to generate; the compiled forward
     passes are kept between runs. `use_devices`: the mesh over only the first N devices (see
-    session.prepare)."""
+    session.prepare). `sets`: recipe keys set on the checkpoint's recipe (--set), such as
+    train.compile=dtensor (one device on DTensor instead of XLA) or train.precision."""
 
     def __init__(
         self,
@@ -161,9 +189,10 @@ class Generator:
         mesh: str | None = None,
         devices: str | None = None,
         use_devices: int | None = None,
+        sets: tuple[str, ...] = (),
     ):
         def restore(found: Path, held: Path) -> tuple[Recipe, Any]:
-            recipe = rundir.checkpoint_recipe(held, Overrides(mesh=mesh, devices=devices))
+            recipe = rundir.checkpoint_recipe(held, Overrides(tuple(sets), mesh, devices))
             if recipe.task != "language_model":
                 raise UsageError(
                     f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
@@ -196,7 +225,7 @@ class Generator:
         cached = settings.cache and self.can_cache
         forward = self.forward_for(cached, rows)
         picker = _Picker(settings, len(ids), vocab)
-        stats = self.stats = Stats(0, 0.0, cached)
+        stats = self.stats = Stats(0, 0.0, cached, self.session.xla)
         start = time.perf_counter()
         for first in range(0, len(ids), rows):
             if cached:

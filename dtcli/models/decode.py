@@ -16,11 +16,15 @@ cache), filled up to a position; positions arrive as one-hot bool masks [batch, 
 as a Python int or a scalar (DTensor folds a small replicated int into the lowered program and
 lowers it again when it changes, DTENSOR_NOTES.md). So each call is traced and lowered once.
 
-Layouts: the caches are laid out [data axis, heads axis, -, -] (the batch of prompts on the data
-axis, heads on the axis that splits the attention kernels' heads, as the attention computes
-them) and every call relays its caches out to that layout, so a call's outputs are its next
-inputs without a relayout in between (tests check `dtensor.fetch_layout`). The logits come back
-replicated [batch, vocab] for the host to sample from.
+On one device compiled by XLA (`mesh` None: a session of plain variables, mesh.compiles_with_xla)
+both calls are XLA-compiled, once each (the shapes never change): a decode step's few hundred
+small ops become a few fused kernels instead of as many executor launches.
+
+Layouts (on a DTensor mesh): the caches are laid out [data axis, heads axis, -, -] (the batch of
+prompts on the data axis, heads on the axis that splits the attention kernels' heads, as the
+attention computes them) and every call relays its caches out to that layout, so a call's
+outputs are its next inputs without a relayout in between (tests check `dtensor.fetch_layout`).
+The logits come back replicated [batch, vocab] for the host to sample from.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def heads_axis(plans: list[WeightPlan], gather_axis: str | None) -> str:
 
 class CachedGPT:
     """The built GPT's layers as the two compiled calls above. `model`: the tf_keras.Model of
-    transformer.build; `data_axis`: the mesh axis the batch of prompts is split along."""
+    transformer.build; `mesh`: its DTensor mesh, or None for plain variables compiled by XLA;
+    `data_axis`: the mesh axis the batch of prompts is split along."""
 
     def __init__(self, model: Any, cfg: TransformerConfig, mesh: Any, data_axis: str, heads: str):
         import tensorflow as tf
@@ -54,10 +59,13 @@ class CachedGPT:
         self.blocks = [model.get_layer(f"block_{i}") for i in range(cfg.layers)]
         self.ln_f = model.get_layer("ln_f")
         self.head = model.get_layer("head")
-        self.layout = to_layout((data_axis, heads, UNSHARDED, UNSHARDED), mesh)
-        # autograph=False: these are straight-line ops (like dtcli's steps).
-        self.prefill = tf.function(self._prefill, autograph=False)
-        self.decode = tf.function(self._decode, autograph=False)
+        plain = mesh is None
+        self.layout = None if plain else to_layout((data_axis, heads, UNSHARDED, UNSHARDED), mesh)
+        # autograph=False: these are straight-line ops (like dtcli's steps). jit_compile only
+        # on plain variables: on a mesh it compiles nothing and is not harmless (DTENSOR_NOTES).
+        jit = True if plain else None
+        self.prefill = tf.function(self._prefill, autograph=False, jit_compile=jit)
+        self.decode = tf.function(self._decode, autograph=False, jit_compile=jit)
 
     def empty(self, batch: int) -> tuple[Any, ...]:
         """Zero caches for `batch` rows: (key, value) of block 0, then of block 1, ..."""
@@ -65,7 +73,10 @@ class CachedGPT:
         from tensorflow.experimental import dtensor
 
         shape = (batch, self.cfg.heads, self.cfg.context, self.cfg.d_model // self.cfg.heads)
-        zeros = dtensor.call_with_layout(tf.zeros, self.layout, shape=shape)
+        if self.layout is None:
+            zeros = tf.zeros(shape)
+        else:
+            zeros = dtensor.call_with_layout(tf.zeros, self.layout, shape=shape)
         return tuple(zeros for _ in range(2 * self.cfg.layers))
 
     def _prefill(self, window: Any, last: Any, refill: Any, caches: tuple) -> tuple[Any, tuple]:
@@ -104,11 +115,11 @@ class CachedGPT:
     def _laid(self, cache: Any) -> Any:
         from tensorflow.experimental import dtensor
 
-        return dtensor.relayout(cache, self.layout)
+        return cache if self.layout is None else dtensor.relayout(cache, self.layout)
 
     def _logits(self, h: Any) -> Any:
         """[batch, 1, d_model] -> logits [batch, vocab], replicated for the host."""
         from tensorflow.experimental import dtensor
 
         logits = self.head(self.ln_f(h))[:, 0, :]
-        return dtensor.relayout(logits, replicated(self.mesh, 2))
+        return logits if self.mesh is None else dtensor.relayout(logits, replicated(self.mesh, 2))

@@ -81,7 +81,7 @@ def prepare(
     _check_batches(recipe, axes)
     dataset = _load_data(recipe, splits, tokenizer_file)
     plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
-    mesh = _mesh(recipe, splits, axes, devices, cluster, use_devices)
+    mesh = _mesh(recipe, axes, devices, cluster, use_devices)
     built, optimizer = _model_on_mesh(recipe, dataset, mesh, plans, initial)
     resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
     packer = (
@@ -123,17 +123,15 @@ def _load_data(recipe: Recipe, splits: tuple[str, ...], tokenizer_file: Any) -> 
 
 def _mesh(
     recipe: Recipe,
-    splits: tuple[str, ...],
     axes: dict[str, int],
     devices: devices_lib.Devices,
     cluster: cluster_lib.Cluster | None,
     use_devices: int | None,
 ) -> Any:
     """The DTensor mesh of `axes`, or None where one device compiles with XLA (plain variables
-    on the one device, no mesh)."""
-    # Generation (no splits) runs its own forward passes on a DTensor mesh.
+    on the one device, no mesh): training, evaluation and generation alike."""
     clients = 1 if cluster is None else cluster.num_clients
-    xla = bool(splits) and mesh_lib.compiles_with_xla(
+    xla = mesh_lib.compiles_with_xla(
         recipe.train.compile, axes, clients, bf16_cpu(recipe, devices.device_type)
     )
     if xla:
