@@ -63,6 +63,7 @@ class Bar:
         self._first = 0  # optimizer steps before this epoch (a train.steps run's bar)
         self._title, self._total = "", 0
         self._since: tuple[float, int] | None = None  # (time, steps) the eta counts from
+        self._calls = 0  # updates so far: one per train call
 
     def _event(self, kind: str, **fields: Any) -> None:
         sys.stderr.write(PROGRESS_EVENT + json.dumps({"event": kind, **fields}) + "\n")
@@ -100,7 +101,12 @@ class Bar:
                 self._last = now
                 self._event("update", done=completed, stats=stats)
             return
+        self._calls += 1
         if self.plain:
+            if self._calls == 1:
+                # The process's first call compiles the step (seconds to minutes, then one
+                # step): an eta counted from it would be hours for a run of minutes.
+                self._since = (time.monotonic(), completed)
             self._plain_line(completed, loss, rate)
         if self.progress is not None:
             self.progress.update(self.task, completed=completed, stats=stats)
@@ -111,13 +117,13 @@ class Bar:
             return
         self._last = now
         since, at = self._since
-        eta = "?"
+        eta = ""  # none until a call after the first has been timed
         if completed > at:
-            eta = _duration((self._total - completed) * (now - since) / (completed - at))
+            left = (self._total - completed) * (now - since) / (completed - at)
+            eta = f" | eta {_duration(left)}"
         where = "step" if self.total_steps else f"{self._title} step"
         self.console.print(
-            f"{where} {completed}/{self._total} loss {loss:.4f} | {rate:,.0f} {self.unit} | "
-            f"eta {eta}",
+            f"{where} {completed}/{self._total} loss {loss:.4f} | {rate:,.0f} {self.unit}{eta}",
             highlight=False,
             markup=False,
         )

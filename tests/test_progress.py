@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 from rich.console import Console
 
@@ -45,3 +46,21 @@ def test_at_a_terminal_the_launcher_draws_a_bar_not_lines(monkeypatch):
         bar.event(event)
     assert "[client 0] step" not in text.getvalue()
     assert "step (client 0)" in text.getvalue()
+
+
+def test_a_piped_runs_eta_leaves_out_the_first_call_which_compiles(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    text = io.StringIO()
+    bar = progress.Bar(Console(file=text), enabled=True, total_steps=100, plain=True)
+    bar.start(1, 1, 100)
+    now[0] = 300.0  # the first call: 300 s of compiling, then 1 step
+    bar.update(1, 4.0, 0.1, 3.0)
+    for seconds, done in ((311.0, 11), (322.0, 21)):  # then 10 steps per 11 s
+        now[0] = seconds
+        bar.update(done, 3.0, 0.2, 50.0)
+    assert text.getvalue().splitlines() == [
+        "step 1/100 loss 4.0000 | 3 ex/s",  # no eta yet (from the first call: 8h15m)
+        "step 11/100 loss 3.0000 | 50 ex/s | eta 1m37s",  # 89 steps at 1.1 s
+        "step 21/100 loss 3.0000 | 50 ex/s | eta 1m26s",
+    ]
