@@ -7,10 +7,13 @@ windowing policy, what the command prints, and its options."""
 from __future__ import annotations
 
 import io
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, SHAKESPEARE, dtcli, run_cli
+from conftest import ROOT, SHAKESPEARE, dtcli, env, run_cli
 
 from dtcli import generate
 from dtcli.generate import loop
@@ -224,3 +227,23 @@ def test_the_rate_line_of_a_short_request_has_no_steady_rate():
     for elapsed in (1.0, 1.5, 2.0, 2.5):
         long.add(1, elapsed)
     assert "2.0 after the first 2 steps, which took 1.50 s" in long.line()  # 2 in 1 s
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_generate_started_with_sigint_ignored(run_dir):
+    """A script's background job inherits SIGINT ignored, and Python keeps it so: generate ran
+    to its end and exited 0. A user who presses Ctrl-C (kill -INT) expects it to stop: 130."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtcli", "generate", str(run_dir), "--tokens", "100000",
+         "--temperature", "0", "--devices", "cpu:1"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    try:
+        assert proc.stdout.read(1)  # the first new text: it is generating
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines()[-1] == "error: interrupted"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 
 import numpy as np
 import pytest
@@ -202,6 +203,11 @@ def test_gpt_trains_the_same_on_any_mesh_sgd_weights(cpu8, text_file):
 # --------------------------------------------------------------------------- a run, generate
 
 
+# What lm_run's late signals reached: the handlers the run found (none should), and the
+# handlers in place once the command line returned (those it found).
+LATE_SIGNALS: dict = {}
+
+
 @pytest.fixture(scope="module")
 def lm_run(cpu8, text_file, tmp_path_factory):
     """In this process, after the sessions above: every train call with a different number of
@@ -209,37 +215,57 @@ def lm_run(cpu8, text_file, tmp_path_factory):
     functions could clash by name with the first's (see pipeline.Packer.flags).
 
     Piped (not a terminal), with a plain progress line at every call (not every 10 s), and the
-    user presses Ctrl-C as `done:` appears: one run serves the tests of what a run writes, what
-    it prints, and generation from it (each trained a run of its own before)."""
-    import os
-    import signal
-
+    user presses Ctrl-C and a scheduler sends SIGTERM as `done:` appears, and again once the
+    run returned (the run directory printed, TensorFlow shutting down): one run serves the tests
+    of what a run writes, what it prints, and generation from it (each trained a run of its own
+    before)."""
     from conftest import run_cli
 
     from dtcli import progress as progress_lib
     from dtcli.train import run as run_lib
 
-    original = run_lib.summary
+    original_summary, original_train = run_lib.summary, run_lib.train
+    heard = LATE_SIGNALS.setdefault("heard", [])
 
-    def summary_then_ctrl_c(*args, **kwargs):
-        original(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C as `done:` appears
+    def hear(signum, frame):  # stands in for Python's defaults, which would end this process
+        heard.append(signal.Signals(signum).name)
+
+    def late_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.raise_signal(sig)  # this thread: handled before raise_signal returns
+
+    def summary_then_signals(*args, **kwargs):
+        original_summary(*args, **kwargs)
+        late_signals()
+
+    def train_then_signals(*args, **kwargs):
+        result = original_train(*args, **kwargs)
+        late_signals()
+        return result
 
     out = tmp_path_factory.mktemp("lm") / "run"
     sets = [x for s in TINY for x in ("--set", s)]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
-        patch.setattr(run_lib, "summary", summary_then_ctrl_c)
-        result = run_cli(
-            "train",
-            ROOT / "recipes" / "tiny_gpt.yaml",
-            "--set",
-            f"data.path={text_file}",
-            *sets,
-            *("--set", "train.steps=10", "--set", "train.eval_every=4", "--set", "train.keep=1"),
-            *("--set", "train.checkpoint_every=1"),
-            *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
-        )
+    found = {sig: signal.signal(sig, hear) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
+            patch.setattr(run_lib, "summary", summary_then_signals)
+            patch.setattr(run_lib, "train", train_then_signals)
+            result = run_cli(
+                "train",
+                ROOT / "recipes" / "tiny_gpt.yaml",
+                "--set",
+                f"data.path={text_file}",
+                *sets,
+                *("--set", "train.steps=10", "--set", "train.eval_every=4"),
+                *("--set", "train.keep=1", "--set", "train.checkpoint_every=1"),
+                *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
+            )
+        LATE_SIGNALS["after"] = {sig: signal.getsignal(sig) for sig in found}
+    finally:
+        for sig, handler in found.items():
+            signal.signal(sig, handler)
+    LATE_SIGNALS["hear"] = hear
     assert result.code == 0, result.err
     return out, result
 
@@ -313,8 +339,9 @@ def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_
     lm_run, tmp_path
 ):
     """Piped (not a terminal): plain progress lines (step, loss, tok/s, eta); the header counts
-    parameters; `done:` names the best evaluation and its checkpoint; a Ctrl-C after `done:`
-    exits 0; recipe.yaml lists no classifier-only key and still resumes and evaluates.
+    parameters; `done:` names the best evaluation and its checkpoint; a Ctrl-C or a SIGTERM
+    after `done:` exits 0 (143 would make a scheduler requeue a finished job), however late;
+    recipe.yaml lists no classifier-only key and still resumes and evaluates.
     (lm_run's run, trained in calls of 4, 4 and 2 steps; resumed here in a copy of it.)"""
     import shutil
 
@@ -327,10 +354,14 @@ def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_
     shutil.copytree(lm_run[0], out)
     result = lm_run[1]
     assert result.code == 0, result.err
+    assert LATE_SIGNALS["heard"] == []  # neither reached the handlers the run found
+    hear = LATE_SIGNALS["hear"]  # ... which the command line put back as it returned
+    assert LATE_SIGNALS["after"] == {signal.SIGINT: hear, signal.SIGTERM: hear}
     lines = result.err_lines
-    plain = [x for x in lines if x.startswith("step ") and "| eta " in x]
+    plain = [x for x in lines if x.startswith("step ") and "eval loss" not in x]
     assert len(plain) >= 3, lines
-    assert all("/10 loss " in x and " tok/s | eta " in x for x in plain), plain
+    assert " eta " not in plain[0]  # the first call compiles: no eta counted from it
+    assert all(" tok/s | eta " in x for x in plain[1:]), plain
     recipe = R.load(out / "recipe.yaml")
     count = transformer.parameters(recipe.model.transformer, 256)
     assert count < 10**5 and f"keras model, {count:,} parameters in " in lines[0], lines[0]

@@ -58,6 +58,7 @@ def command(
     loaded = rundir.command_recipe(recipe, out, resume, overrides, chief=chief)
     result = train(
         loaded,
+        until_exit=True,
         out=out,
         resume=resume,
         progress=progress,
@@ -85,6 +86,7 @@ def train(
     profile: tuple[int, int] | None = None,
     devices_key: str = devices_lib.RECIPE_KEY,
     memory: memory_lib.Budget = memory_lib.NO_BUDGET,
+    until_exit: bool = False,
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
@@ -95,10 +97,12 @@ def train(
     seconds); all clients train and save checkpoints together, only client 0 holds the lock and
     writes the recipe, metrics and plots. A recipe whose memory plan does not fit `memory` (or
     the devices' own memory) is refused first, before its folder or model exists.
+    `until_exit`: this process ends with the run (the command line's): once it is complete,
+    SIGINT and SIGTERM are ignored until it exits (signals.SigtermOutsideTheLoop).
     """
     from rich.console import Console
 
-    with SigtermOutsideTheLoop() as early:
+    with SigtermOutsideTheLoop(until_exit) as early:
         tfruntime.check_runtime_env()
         # soft_wrap: logs piped to a file keep one line per message
         console = console or runlog.LoggedConsole(stderr=True, soft_wrap=True)
@@ -261,6 +265,7 @@ def _sum_up(
 
 def _nothing_to_train(run: Run) -> RunResult:
     """Said before the devices, the model and the compilation are set up for nothing."""
+    run.early.complete()  # a run trained to its end already: a signal now changes nothing
     state = run.meta["epoch_state"]
     nothing_to_train(
         run.console, run.recipe.train, state["epoch"], run.meta["step"], state["batch"]
