@@ -10,10 +10,11 @@ import io
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
-from conftest import ROOT, SHAKESPEARE, dtcli, env, run_cli
+from conftest import ROOT, SHAKESPEARE, StampedStream, dtcli, env, run_cli
 
 from dtcli import generate
 from dtcli.generate import loop
@@ -247,3 +248,24 @@ def test_ctrl_c_stops_generate_started_with_sigint_ignored(run_dir):
         proc.kill()
     assert proc.returncode == 130, err
     assert err.decode().strip().splitlines()[-1] == "error: interrupted"
+
+
+def test_generate_says_it_compiles_until_its_first_text_then_never_inside_the_text(monkeypatch):
+    """Into a pipe, the first step's compile is a heartbeat every BEAT_EVERY seconds (here
+    0.05); once the text flows it shows the process is alive, and a line of the heartbeat on
+    a shared pipe (2>&1) would land inside it."""
+    from dtcli import progress
+
+    monkeypatch.setattr(progress, "BEAT_EVERY", 0.05)
+    err = StampedStream()
+
+    def pieces():
+        assert err.wait_for(2, "generate: compiling the forward pass... ")  # the compile
+        yield "first"
+        yield from ["second", "third"]
+
+    got = []
+    for piece in generate._first_compiled(pieces(), err):
+        got.append(piece)  # the text flows: the heartbeat's thread is gone
+        assert not [t for t in threading.enumerate() if t.name == "dtcli-heartbeat"]
+    assert got == ["first", "second", "third"]

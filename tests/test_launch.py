@@ -255,6 +255,7 @@ def test_unreachable_peer_fails_within_the_timeout_naming_the_address(tmp_path):
         "2",
         "--out",
         tmp_path / "run",
+        "--no-progress",  # piped, 4.5 s of setup would say so in a line (progress.Heartbeat)
         timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
@@ -281,6 +282,7 @@ def test_port_in_use_is_named_for_train_and_launch(tmp_path):
             f"127.0.0.1:{port},127.0.0.1:{free_port()}",
             "--connect-timeout",
             "5",
+            "--no-progress",  # piped, 4.5 s of setup would say so in a line (progress.Heartbeat)
             timeout=60,
         )
         assert proc.returncode == 2, proc.stderr

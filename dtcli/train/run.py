@@ -131,6 +131,10 @@ def train(
             return _open_and_train(run)
 
 
+# What a run is doing until its loop starts (progress.Heartbeat).
+SETTING_UP = "setting up the run (TensorFlow, the data, the model on the mesh)"
+
+
 def _open_and_train(run: Run) -> RunResult:
     """Open the run, join the other clients, train; on any failure leave the run as the rules
     say (a new run without a checkpoint removed, a resume as it was) and say why in train.log."""
@@ -146,11 +150,15 @@ def _open_and_train(run: Run) -> RunResult:
     role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
     memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
+    # Where the run's output is no terminal: a line at least every BEAT_EVERY seconds, from
+    # TensorFlow's start to the plots (the first compile alone took ~90 s for gpt_fsdp_tp).
+    run.beat = progress_lib.run_heartbeat(run.console, SETTING_UP, on=run.progress)
     try:
-        _open(run, path)
-        if cluster is not None:
-            join(run)
-        result = _train(run)
+        with run.beat:
+            _open(run, path)
+            if cluster is not None:
+                join(run)
+            result = _train(run)
     except BaseException as exc:
         if run.folder is not None:  # None: opening the run failed, and left everything as it was
             if run.logged:
@@ -217,6 +225,7 @@ def _train(run: Run) -> RunResult:
         stopper,
         on_first_step,
         profiler,
+        run.beat,
     )
     before = len(history)
     try:
@@ -257,6 +266,7 @@ def _sum_up(
         step = int(session.optimizer.iterations.numpy())
         profile_report(run.console, profiler, run.folder.tensorboard, step)
     if run.chief and len(history) > before:
+        run.beat.now("drawing the plots")
         _plot(run.folder)
     run.early.complete()  # a Ctrl-C after the summary: the run is complete, exit 0
     if run.chief:
