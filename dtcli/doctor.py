@@ -281,7 +281,8 @@ def _doing(console: Any, what: str) -> Iterator[None]:
         yield
         return
     console.print(f"doctor: {what}...", markup=False, highlight=False)
-    with progress_lib.Heartbeat(console, f"doctor: {what}"):
+    with progress_lib.Heartbeat(console, f"doctor: {what}") as beat:
+        beat.heard()  # the line above: the first beat comes BEAT_EVERY seconds after it
         yield
 
 
