@@ -9,12 +9,15 @@ error; they only give other numbers.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from dtcli import cpuinfo, tfruntime
 from dtcli import devices as devices_lib
+from dtcli import progress as progress_lib
 from dtcli.errors import UsageError
 from dtcli.mesh import mesh_text
 from dtcli.tables import Column, print_table
@@ -270,7 +273,20 @@ def _probe_recipe(api: str, optimizer: str, devices: devices_lib.Devices) -> Any
     )
 
 
-def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
+@contextlib.contextmanager
+def _doing(console: Any, what: str) -> Iterator[None]:
+    """`what` doctor does next, said as it starts (a probe compiles for seconds), and said again
+    every BEAT_EVERY seconds it lasts where the output is no terminal. No console: silent."""
+    if console is None:
+        yield
+        return
+    console.print(f"doctor: {what}...", markup=False, highlight=False)
+    with progress_lib.Heartbeat(console, f"doctor: {what}") as beat:
+        beat.heard()  # the line above: the first beat comes BEAT_EVERY seconds after it
+        yield
+
+
+def _dtcli_probe(devices: devices_lib.Devices, console: Any = None) -> list[Check]:
     """dtcli's own train step, per API and optimizer: 1 device against the 2-D mesh."""
     from dtcli import models
     from dtcli import recipe as recipe_lib
@@ -284,17 +300,18 @@ def _dtcli_probe(devices: devices_lib.Devices) -> list[Check]:
         for optimizer in ("sgd", "adam", "adamw"):
             recipe = _probe_recipe(api, optimizer, devices)
             results = {}
-            for axes, use in (({"batch": 1, "model": 1}, 1), (multi, count)):
-                session = session_lib.prepare(
-                    recipe_lib.replace(recipe, mesh=axes), use_devices=use
-                )
-                start = models.host_weights(session.model, session.mesh)
-                session_lib.run_steps(session, PROBE_STEPS)
-                results[use] = (models.host_weights(session.model, session.mesh), start)
+            mesh = mesh_text(multi)
+            with _doing(console, f"probe: dtcli {api} + {optimizer} (1 device vs {mesh})"):
+                for axes, use in (({"batch": 1, "model": 1}, 1), (multi, count)):
+                    session = session_lib.prepare(
+                        recipe_lib.replace(recipe, mesh=axes), use_devices=use
+                    )
+                    start = models.host_weights(session.model, session.mesh)
+                    session_lib.run_steps(session, PROBE_STEPS)
+                    results[use] = (models.host_weights(session.model, session.mesh), start)
             diff = _max_rel(results[count][0], results[1][0])
             # A step that changed nothing would be "mesh invariant" too.
             moved = _max_rel(results[1][0], results[1][1]) > 100 * TOLERANCE
-            mesh = mesh_text(multi)
             checks.append(
                 Check(
                     f"probe: dtcli {api} + {optimizer}",
@@ -314,18 +331,21 @@ def default_devices() -> str:
         return "gpu" if tf.config.list_physical_devices("GPU") else "cpu:8"
 
 
-def run(spec: str | None = None, probe: bool = True) -> list[Check]:
-    """Every check, in order; the probes only when there are several devices."""
-    tfruntime.import_tensorflow()
+def run(spec: str | None = None, probe: bool = True, console: Any = None) -> list[Check]:
+    """Every check, in order; the probes only when there are several devices. `console`: where
+    doctor says what it does as it goes (the probes take a minute on a CPU)."""
+    with _doing(console, "starting TensorFlow"):
+        tfruntime.import_tensorflow()
     checks = [_versions(), _cpu(), *_env_flags()]
     device_check, devices = _devices(default_devices() if spec is None else spec)
     checks.append(device_check)
     if probe and devices.count > 1:
-        runtime = _runtime_probe(devices)
+        with _doing(console, f"probe: DTensor runtime (1 vs {devices.count} devices)"):
+            runtime = _runtime_probe(devices)
         checks.append(runtime)
         if runtime.ok:
             try:
-                checks += _dtcli_probe(devices)
+                checks += _dtcli_probe(devices, console)
             except UsageError as exc:  # the setting a check above names (DTCLI_XLA_CACHE, say)
                 checks.append(Check("probe: dtcli train steps", False, f"not run: {exc}"))
         else:  # DTensor's own numbers are wrong here: dtcli's, built on them, would say nothing

@@ -13,6 +13,7 @@ from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
+from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
@@ -51,20 +52,26 @@ def evaluate_path(
     split: str = "eval",
     overrides: Overrides = NO_OVERRIDES,
     batch_size: int | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """`dtcli eval`: a checkpoint folder, or a run directory's newest intact checkpoint, on the
     mesh it was trained on or another one. Its files are held open from their verification to
     the restore (rundir.read_checkpoint): a run in training that removes it meanwhile (train.keep)
-    takes nothing from under the read, and recipe and weights are one checkpoint's."""
+    takes nothing from under the read, and recipe and weights are one checkpoint's. `progress`:
+    where stderr is no terminal, a line every BEAT_EVERY seconds of the work (--no-progress:
+    none)."""
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: expected eval or train")
     devices_key = devices_lib.key_for(overrides.devices)
+    what = f"eval: restoring the checkpoint, compiling the step, evaluating the {split} split"
+    beat = progress_lib.Heartbeat(progress_lib.stderr_console(), what, on=progress)
 
     def read(checkpoint: Path, held: Path) -> dict[str, Any]:
         recipe = checkpoint_recipe(held, overrides, batch_size)
         return evaluate_checkpoint(checkpoint, held, recipe, split, devices_key)
 
-    return read_checkpoint(path, read)
+    with beat:
+        return read_checkpoint(path, read)
 
 
 def evaluate_checkpoint(

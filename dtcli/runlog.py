@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,15 @@ class LoggedConsole(Console):
             file=self._pending, no_color=True, highlight=False, soft_wrap=True, width=240
         )
         self._path: Any = None
+        # A heartbeat prints from its own thread: a line reaches the terminal and the log
+        # whole, and in the same order in both.
+        self._printing = threading.RLock()
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        super().print(*objects, **kwargs)
-        self._plain.print(*objects, **kwargs)
-        self._flush()
+        with self._printing:
+            super().print(*objects, **kwargs)
+            self._plain.print(*objects, **kwargs)
+            self._flush()
 
     def on_broken_pipe(self) -> None:
         """stderr's reader went away (`dtcli train ... 2>&1 | head -2`): the run goes on, and
@@ -59,17 +64,19 @@ class LoggedConsole(Console):
 
     def log_only(self, line: str) -> None:
         """A line for the log only (the terminal got it another way, e.g. the final error)."""
-        self._pending.write(line.rstrip("\n") + "\n")
-        self._flush()
+        with self._printing:
+            self._pending.write(line.rstrip("\n") + "\n")
+            self._flush()
 
     def commit(self, path: Any, header: str) -> None:
         """From now on lines go to `path` (appended: a resumed run continues its log)."""
-        self._path = storage.as_path(path)
-        text = self._pending.getvalue()
-        self._pending.seek(0)
-        self._pending.truncate()
-        self._pending.write(header.rstrip("\n") + "\n" + text)
-        self._flush()
+        with self._printing:
+            self._path = storage.as_path(path)
+            text = self._pending.getvalue()
+            self._pending.seek(0)
+            self._pending.truncate()
+            self._pending.write(header.rstrip("\n") + "\n" + text)
+            self._flush()
 
     def _flush(self) -> None:
         if self._path is None:

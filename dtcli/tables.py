@@ -2,9 +2,12 @@
 
 At a terminal the table fits the width: names and paths (weight paths, rules, variable names,
 checkpoints) are never broken or cut, since they are what a user copies and greps for; prose
-wraps at spaces; other values are cut with an ellipsis; and when even that does not fit, the
-columns marked droppable go first. Anywhere else (a pipe, a file) the table is plain text,
-complete, one row a line, with no box and no colour, so `grep` and `head` see whole rows.
+wraps at spaces, and a path in it only after a '/'; other values are cut with an ellipsis; and
+when even that does not fit, the columns marked droppable go first. Where a table with prose
+still does not fit side by side (doctor's 47-character flag names beside a path at 80 columns),
+each row is stacked instead: its other cells whole on one line, its prose wrapped below it.
+Anywhere else (a pipe, a file) the table is plain text, complete, one row a line, with no box
+and no colour, so `grep` and `head` see whole rows.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any, Literal
 
 # A rich box table spends 3 characters per column and 1 more on its borders.
 _PER_COLUMN = 3
+# A stacked row's prose, under its other cells.
+_STACKED_INDENT = "    "
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,48 @@ class Column:
     def min_width(self, cells: Sequence[str]) -> int:
         """The narrowest this column may be before dtcli drops a droppable column instead:
         names and values whole (a value is cut only when nothing is left to drop), prose down to
-        its longest word."""
+        its longest word (a path's longest part between '/')."""
         if self.kind == "prose":
-            return max([len(self.header), *(len(w) for c in cells for w in c.split())])
+            return max([len(self.header), *(len(p) for c in cells for p in prose_pieces(c))])
         return max([len(self.header), *map(len, cells)])
+
+
+def prose_pieces(text: str) -> list[str]:
+    """What prose may not be broken inside: its words, a path's parts each with its '/'."""
+    pieces = []
+    for word in text.split():
+        parts = word.split("/")
+        pieces += [part + "/" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    return pieces
+
+
+def wrap_prose(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width`: broken at spaces, and a word too long for a line of
+    its own (a path) after a '/'; a part longer than `width` has a line of its own, whole."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) <= width:
+            line += " " + word
+            continue
+        if len(word) <= width or "/" not in word:
+            lines.append(line)
+            line = word
+            continue
+        first, *parts = prose_pieces(word)  # starts on this line, where its first part fits
+        if line and len(line) + 1 + len(first) <= width:
+            line += " " + first
+        else:
+            lines.append(line)
+            line = first
+        for part in parts:  # each part follows the '/' before it
+            if len(line) + len(part) <= width:
+                line += part
+            else:
+                lines.append(line)
+                line = part
+    lines.append(line)
+    return [x for x in lines if x]
 
 
 def print_table(
@@ -50,7 +93,11 @@ def print_table(
     from rich.text import Text
 
     keep = _fitting(columns, rows, console.width)
+    if _narrowest(columns, rows, keep) > console.width and _prose(columns, keep):
+        _print_stacked(console, columns, rows, keep, title, caption)
+        return
     limits = _value_limits(columns, rows, keep, console.width)
+    wraps = _prose_widths(columns, rows, keep, limits, console.width)
     table = Table(title=title, title_justify="left")
     for i in keep:
         c = columns[i]
@@ -63,23 +110,28 @@ def print_table(
             max_width=limits.get(i),
         )
     for row in rows:
-        table.add_row(*(Text(row[i], style=columns[i].styles.get(row[i], "")) for i in keep))
+        cells = ["\n".join(wrap_prose(row[i], wraps[i])) if i in wraps else row[i] for i in keep]
+        table.add_row(*(Text(c, style=columns[i].styles.get(c, "")) for c, i in zip(cells, keep)))
     console.print(table)
     if caption:  # below the table, not inside it: it wraps at the terminal's width
         console.print(caption, markup=False, highlight=False, soft_wrap=False)
+
+
+def _narrowest(columns: Sequence[Column], rows: Sequence[Sequence[str]], keep: list[int]) -> int:
+    """The width of the table of columns `keep` at their narrowest forms, box included."""
+    return sum(columns[i].min_width([r[i] for r in rows]) + _PER_COLUMN for i in keep) + 1
+
+
+def _prose(columns: Sequence[Column], keep: list[int]) -> list[int]:
+    return [i for i in keep if columns[i].kind == "prose"]
 
 
 def _fitting(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> list[int]:
     """Indexes of the columns to show at `width`: all, less the droppable ones (highest `drop`
     first) for as long as the columns' narrowest forms do not fit."""
     keep = list(range(len(columns)))
-    mins = [c.min_width([r[i] for r in rows]) for i, c in enumerate(columns)]
-
-    def needed() -> int:
-        return sum(mins[i] + _PER_COLUMN for i in keep) + 1
-
     for i in sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop):
-        if needed() <= width:
+        if _narrowest(columns, rows, keep) <= width:
             break
         keep.remove(i)
     return keep
@@ -101,6 +153,71 @@ def _value_limits(
             limits[i] = share
         room -= min(natural[i], share)
     return limits
+
+
+def _prose_widths(
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    keep: list[int],
+    limits: dict[int, int],
+    width: int,
+) -> dict[int, int]:
+    """The width each prose column wraps at: the room the other columns leave, shared, the
+    shortest prose whole first. dtcli wraps the prose itself (rich would fold a path mid-word)."""
+    prose = _prose(columns, keep)
+    room = width - (_PER_COLUMN * len(keep) + 1)
+    for i in keep:
+        if i not in prose:
+            room -= limits.get(i, columns[i].min_width([r[i] for r in rows]))
+    natural = {i: max([len(columns[i].header), *(len(r[i]) for r in rows)]) for i in prose}
+    widths: dict[int, int] = {}
+    for n, i in enumerate(sorted(prose, key=natural.get)):
+        least = columns[i].min_width([r[i] for r in rows])
+        widths[i] = max(min(natural[i], room // (len(prose) - n)), least)
+        room -= widths[i]
+    return widths
+
+
+def _print_stacked(
+    console: Any,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    keep: list[int],
+    title: str | None,
+    caption: str | None,
+) -> None:
+    """Each row's cells but its prose on one line, whole and aligned; its prose below it,
+    indented, wrapped at spaces and after a '/' (see the module docstring)."""
+    from rich.text import Text
+
+    prose = _prose(columns, keep)
+    heads = [i for i in keep if i not in prose]
+    widths = {i: max([len(columns[i].header), *(len(r[i]) for r in rows)]) for i in heads}
+    room = max(console.width - len(_STACKED_INDENT), 1)
+
+    def head_line(cells: dict[int, str], style: str = "") -> Any:
+        line = Text(style=style)
+        for n, i in enumerate(heads):
+            cell = cells[i].rjust(widths[i]) if columns[i].right else cells[i].ljust(widths[i])
+            line.append(("  " if n else "") + cell, style=columns[i].styles.get(cells[i], ""))
+        line.rstrip()
+        return line
+
+    def say(text: Any) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    if title:
+        say(title)
+    say(head_line({i: columns[i].header for i in heads}, style="bold"))
+    for i in prose:
+        say(Text(_STACKED_INDENT + columns[i].header, style="bold"))
+    for row in rows:
+        say(head_line({i: row[i] for i in heads}))
+        for i in prose:
+            for line in wrap_prose(row[i], room):
+                say(_STACKED_INDENT + line)
+    if caption:
+        console.print(caption, markup=False, highlight=False, soft_wrap=False)
 
 
 def _print_plain(

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -132,6 +134,17 @@ def pytest_collection_modifyitems(config, items) -> None:
         return
     rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
+
+
+@pytest.fixture(autouse=True, scope="session")
+def heartbeat_after_an_hour() -> None:
+    """A command blocked for BEAT_EVERY / 2 seconds (4.5) with its output in no terminal, as a
+    test's is, says so in a line (progress.Heartbeat): on a loaded machine an in-process compile
+    takes that long, and a test that reads a command's every line would meet one by chance. The
+    heartbeat's own tests set their interval. (A fresh process keeps the 9 s.)"""
+    from dtcli import progress
+
+    progress.BEAT_EVERY = 3600.0
 
 
 @pytest.fixture
@@ -263,14 +276,49 @@ class Result:
         return self.err
 
 
+class StampedStream(io.StringIO):
+    """Text written to it, and when each line of it was (as a log with timestamps would
+    show): `stamps`, one time.monotonic() per line, whichever thread wrote it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps: list[float] = []
+        self._written = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self._written:
+            n = super().write(text)
+            self.stamps += [time.monotonic()] * text.count("\n")
+            self._written.notify_all()
+        return n
+
+    def wait_for(self, count: int, start: str, timeout: float = 30.0) -> bool:
+        """Whether `count` lines starting with `start` were written within `timeout` seconds."""
+
+        def there() -> bool:
+            return sum(x.startswith(start) for x in self.getvalue().splitlines()) >= count
+
+        with self._written:
+            return self._written.wait_for(there, timeout)
+
+    def largest_gap(self) -> float:
+        """The longest time between two lines written one after the other."""
+        return max((b - a for a, b in zip(self.stamps, self.stamps[1:])), default=0.0)
+
+
 def run_cli(*args: object, cwd: Path | None = None) -> Result:
     """Run `dtcli ARGS...` in this process on the session's 8 virtual CPUs -> Result.
 
     Much faster than a fresh process (TensorFlow is imported once); any scope may call it. A
     command that needs another device count must run in a fresh process (`dtcli`)."""
+    return run_cli_into(io.StringIO(), *args, cwd=cwd)
+
+
+def run_cli_into(err: io.StringIO, *args: object, cwd: Path | None = None) -> Result:
+    """run_cli, its stderr written into `err` (a StampedStream, say)."""
     from dtcli import cli as cli_lib
 
-    out, err = io.StringIO(), io.StringIO()
+    out = io.StringIO()
     with in_process(cwd or ROOT, out, err):
         code = cli_lib.run([str(a) for a in args])
     return Result(code, out.getvalue(), err.getvalue())

@@ -36,6 +36,18 @@ def test_doctor_passes_here(cli, monkeypatch):
     assert len(rows) == 7  # the runtime probe + 2 APIs x 3 optimizers
     assert all(" ok " in row for row in rows), proc.stdout
     assert "FAIL" not in proc.stdout
+    # What it does, said as it starts (a minute of probes was silent), on stderr: the table is
+    # stdout's, whole for a pipe.
+    doing = [line for line in proc.stderr.splitlines() if line.startswith("doctor: ")]
+    assert doing[:2] == [
+        "doctor: starting TensorFlow...",
+        "doctor: probe: DTensor runtime (1 vs 8 devices)...",
+    ]
+    assert doing[2:] == [
+        f"doctor: probe: dtcli {api} + {optimizer} (1 device vs batch=4,model=2)..."
+        for api in ("keras", "core")
+        for optimizer in ("sgd", "adam", "adamw")
+    ]
     # This process, and so every in-process test of the same numbers on any mesh, runs with
     # DTensor's all-reduce combining on, as `dtcli train` does (see tfruntime).
     assert "'1' (all-reduce combining on" in proc.stdout

@@ -8,10 +8,14 @@ its options."""
 from __future__ import annotations
 
 import io
+import signal
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
-from conftest import ROOT, SHAKESPEARE, dtcli, run_cli
+from conftest import ROOT, SHAKESPEARE, StampedStream, dtcli, env, run_cli
 
 from dtcli import generate
 from dtcli.generate import loop
@@ -264,3 +268,44 @@ def test_the_rate_line_of_a_short_request_has_no_steady_rate():
     for elapsed in (1.0, 1.5, 2.0, 2.5):
         long.add(1, elapsed)
     assert "2.0 after the first 2 steps, which took 1.50 s" in long.line()  # 2 in 1 s
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_generate_started_with_sigint_ignored(run_dir):
+    """A script's background job inherits SIGINT ignored, and Python keeps it so: generate ran
+    to its end and exited 0. A user who presses Ctrl-C (kill -INT) expects it to stop: 130."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtcli", "generate", str(run_dir), "--tokens", "100000",
+         "--temperature", "0", "--devices", "cpu:1"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    try:
+        assert proc.stdout.read(1)  # the first new text: it is generating
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines()[-1] == "error: interrupted"
+
+
+def test_generate_says_it_compiles_until_its_first_text_then_never_inside_the_text(monkeypatch):
+    """Into a pipe, the first step's compile is a heartbeat every BEAT_EVERY seconds (here
+    0.05); once the text flows it shows the process is alive, and a line of the heartbeat on
+    a shared pipe (2>&1) would land inside it."""
+    from dtcli import progress
+
+    monkeypatch.setattr(progress, "BEAT_EVERY", 0.05)
+    err = StampedStream()
+
+    def pieces():
+        assert err.wait_for(2, "generate: compiling the forward pass... ")  # the compile
+        yield "first"
+        yield from ["second", "third"]
+
+    got = []
+    for piece in generate._first_compiled(pieces(), err):
+        got.append(piece)  # the text flows: the heartbeat's thread is gone
+        assert not [t for t in threading.enumerate() if t.name == "dtcli-heartbeat"]
+    assert got == ["first", "second", "third"]

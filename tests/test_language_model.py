@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import signal
 
 import numpy as np
 import pytest
@@ -202,44 +204,81 @@ def test_gpt_trains_the_same_on_any_mesh_sgd_weights(cpu8, text_file):
 # --------------------------------------------------------------------------- a run, generate
 
 
+# What lm_run's late signals reached: the handlers the run found (none should), and the
+# handlers in place once the command line returned (those it found).
+LATE_SIGNALS: dict = {}
+
+
 @pytest.fixture(scope="module")
 def lm_run(cpu8, text_file, tmp_path_factory):
     """In this process, after the sessions above: every train call with a different number of
     steps to run (here 4, 4, 2) once made DTensor lower the call again, and that lowering's
     functions could clash by name with the first's (see pipeline.Packer.flags).
 
-    Piped (not a terminal), with a plain progress line at every call (not every 10 s), and the
-    user presses Ctrl-C as `done:` appears: one run serves the tests of what a run writes, what
-    it prints, and generation from it (each trained a run of its own before)."""
-    import os
-    import signal
-
-    from conftest import run_cli
+    Piped (not a terminal), with a plain progress line at every call (not every 10 s), a
+    heartbeat every 0.2 s of silence (not 10 s) and a first call that compiles until it spoke
+    twice; the user presses Ctrl-C and a scheduler sends SIGTERM as `done:` appears, and again
+    once the run returned (the run directory printed, TensorFlow shutting down): one run serves
+    the tests of what a run writes, what it prints, and generation from it (each trained a run
+    of its own before)."""
+    from conftest import StampedStream, run_cli_into
 
     from dtcli import progress as progress_lib
+    from dtcli.session import epoch as epoch_lib
     from dtcli.train import run as run_lib
 
-    original = run_lib.summary
+    original_summary, original_train = run_lib.summary, run_lib.train
+    original_block = epoch_lib.train_block
+    heard = LATE_SIGNALS.setdefault("heard", [])
+    err = LATE_SIGNALS["stderr"] = StampedStream()
 
-    def summary_then_ctrl_c(*args, **kwargs):
-        original(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C as `done:` appears
+    def hear(signum, frame):  # stands in for Python's defaults, which would end this process
+        heard.append(signal.Signals(signum).name)
+
+    def late_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.raise_signal(sig)  # this thread: handled before raise_signal returns
+
+    def summary_then_signals(*args, **kwargs):
+        original_summary(*args, **kwargs)
+        late_signals()
+
+    def train_then_signals(*args, **kwargs):
+        result = original_train(*args, **kwargs)
+        late_signals()
+        return result
+
+    def a_long_first_compile(*args, **kwargs):
+        if not args[0].compiled:  # blocked until the heartbeat spoke twice (30 s without it)
+            err.wait_for(2, "compiling the training step... ")
+        return original_block(*args, **kwargs)
 
     out = tmp_path_factory.mktemp("lm") / "run"
     sets = [x for s in TINY for x in ("--set", s)]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
-        patch.setattr(run_lib, "summary", summary_then_ctrl_c)
-        result = run_cli(
-            "train",
-            ROOT / "recipes" / "tiny_gpt.yaml",
-            "--set",
-            f"data.path={text_file}",
-            *sets,
-            *("--set", "train.steps=10", "--set", "train.eval_every=4", "--set", "train.keep=1"),
-            *("--set", "train.checkpoint_every=1"),
-            *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
-        )
+    found = {sig: signal.signal(sig, hear) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(progress_lib, "PLAIN_EVERY", 0.0)  # every call's line, not every 10 s
+            patch.setattr(progress_lib, "BEAT_EVERY", 0.2)
+            patch.setattr(run_lib, "summary", summary_then_signals)
+            patch.setattr(run_lib, "train", train_then_signals)
+            patch.setattr(epoch_lib, "train_block", a_long_first_compile)
+            result = run_cli_into(
+                err,
+                "train",
+                ROOT / "recipes" / "tiny_gpt.yaml",
+                "--set",
+                f"data.path={text_file}",
+                *sets,
+                *("--set", "train.steps=10", "--set", "train.eval_every=4"),
+                *("--set", "train.keep=1", "--set", "train.checkpoint_every=1"),
+                *("--mesh", "batch=8", "--devices", "cpu:8", "--out", out),
+            )
+        LATE_SIGNALS["after"] = {sig: signal.getsignal(sig) for sig in found}
+    finally:
+        for sig, handler in found.items():
+            signal.signal(sig, handler)
+    LATE_SIGNALS["hear"] = hear
     assert result.code == 0, result.err
     return out, result
 
@@ -312,9 +351,11 @@ def test_generate_greedy_is_the_same_on_any_mesh_and_sampling_follows_the_seed(l
 def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_no_error(
     lm_run, tmp_path
 ):
-    """Piped (not a terminal): plain progress lines (step, loss, tok/s, eta); the header counts
-    parameters; `done:` names the best evaluation and its checkpoint; a Ctrl-C after `done:`
-    exits 0; recipe.yaml lists no classifier-only key and still resumes and evaluates.
+    """Piped (not a terminal): plain progress lines (step, loss, tok/s, eta), and no gap over
+    10 s between two lines, a long first compile included (the heartbeat); the header counts
+    parameters; `done:` names the best evaluation and its checkpoint; a Ctrl-C or a SIGTERM
+    after `done:` exits 0 (143 would make a scheduler requeue a finished job), however late;
+    recipe.yaml lists no classifier-only key and still resumes and evaluates.
     (lm_run's run, trained in calls of 4, 4 and 2 steps; resumed here in a copy of it.)"""
     import shutil
 
@@ -327,10 +368,19 @@ def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_
     shutil.copytree(lm_run[0], out)
     result = lm_run[1]
     assert result.code == 0, result.err
+    assert LATE_SIGNALS["heard"] == []  # neither reached the handlers the run found
+    hear = LATE_SIGNALS["hear"]  # ... which the command line put back as it returned
+    assert LATE_SIGNALS["after"] == {signal.SIGINT: hear, signal.SIGTERM: hear}
     lines = result.err_lines
-    plain = [x for x in lines if x.startswith("step ") and "| eta " in x]
+    stderr = LATE_SIGNALS["stderr"]
+    assert stderr.largest_gap() <= 10.0
+    compiling = [x for x in lines if x.startswith("compiling the training step... ")]
+    assert len(compiling) >= 2, lines
+    lines = [x for x in lines if not re.fullmatch(r".*\.\.\. \d+s", x)]  # the heartbeat's
+    plain = [x for x in lines if x.startswith("step ") and "eval loss" not in x]
     assert len(plain) >= 3, lines
-    assert all("/10 loss " in x and " tok/s | eta " in x for x in plain), plain
+    assert " eta " not in plain[0]  # the first call compiles: no eta counted from it
+    assert all(" tok/s | eta " in x for x in plain[1:]), plain
     recipe = R.load(out / "recipe.yaml")
     count = transformer.parameters(recipe.model.transformer, 256)
     assert count < 10**5 and f"keras model, {count:,} parameters in " in lines[0], lines[0]

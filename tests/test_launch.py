@@ -255,6 +255,7 @@ def test_unreachable_peer_fails_within_the_timeout_naming_the_address(tmp_path):
         "2",
         "--out",
         tmp_path / "run",
+        "--no-progress",  # piped, 4.5 s of setup would say so in a line (progress.Heartbeat)
         timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
@@ -281,6 +282,7 @@ def test_port_in_use_is_named_for_train_and_launch(tmp_path):
             f"127.0.0.1:{port},127.0.0.1:{free_port()}",
             "--connect-timeout",
             "5",
+            "--no-progress",  # piped, 4.5 s of setup would say so in a line (progress.Heartbeat)
             timeout=60,
         )
         assert proc.returncode == 2, proc.stderr
@@ -641,6 +643,70 @@ def test_sigterm_to_the_launcher_while_clients_start_exits_143_and_leaves_no_run
     assert last == "preempted (SIGTERM); no complete checkpoint was written"
     assert_gone(pids)
     assert not out.exists()  # nothing to resume: the requeued job starts it anew with --out
+
+
+def ignore_sigint() -> None:
+    """As a non-interactive shell starts a background job (`dtcli ... &` in a script)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_launch_started_with_sigint_ignored_and_its_clients(tmp_path):
+    """A script's background launch inherits SIGINT ignored: Ctrl-C (kill -INT) still stops it
+    with 130, and it stops its clients as at a terminal. (It ran to its end and exited 0.)"""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "dtcli", "launch", "--clients", "2", QUICK, "--epochs", "40",
+         "--out", str(out), "--no-progress"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=ignore_sigint,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        pids = pids_of(launcher.stderr.readline())  # the launcher's main() runs: clients started
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        leave_nothing(launcher, pids)
+    assert launcher.returncode == 130, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted; stopped 2 clients"), last
+    assert_gone(pids)
+
+
+def test_a_launch_whose_clients_all_finished_exits_0_whatever_signal_comes_after(
+    tmp_path, monkeypatch
+):
+    """The launcher's SIGTERM once every client is done (forwarded to none: a scheduler would
+    requeue a finished job on 143), and SIGINT or SIGTERM after it returned: nothing changes."""
+    from dtcli.launch import supervisor
+
+    heard = []
+
+    def hear(signum, frame):  # stands in for Python's defaults, which would end this process
+        heard.append(signal.Signals(signum).name)
+
+    def supervised_then_sigterm(*args, **kwargs):
+        failed = real_supervise(*args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # every client exited 0: the run is complete
+        return failed
+
+    real_supervise = supervisor._supervise
+    monkeypatch.setattr(supervisor, "_supervise", supervised_then_sigterm)
+    done = [sys.executable, "-c", "print('done: 1 epoch')"]  # a client that trained its run
+    monkeypatch.setattr(supervisor, "_command", lambda p, client, progress: done)
+    p = types.SimpleNamespace(
+        clients=2, jobs=("a:1", "b:2"), grace=1.0, run_dir=tmp_path, gpus_per_client=None
+    )
+    found = {sig: signal.signal(sig, hear) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        returned = supervisor.run(p, progress=False, until_exit=True)
+        for sig in found:  # as the launcher prints the run directory and exits
+            signal.raise_signal(sig)
+    finally:
+        for sig, handler in found.items():
+            signal.signal(sig, handler)
+    assert returned == tmp_path and heard == []
 
 
 @pytest.mark.slow

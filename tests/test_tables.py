@@ -88,6 +88,63 @@ def test_doctor_keeps_dtensor_names_whole_at_80_columns():
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
+CACHE = "/home/someone/.cache/dtcli/xla/tf2.21.0-7c6138384c56e48b"
+DOCTOR_CHECKS = [
+    doctor.Check("versions", True, "tensorflow 2.21.0, tf-keras 2.21.0"),
+    doctor.Check(
+        "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION",
+        True,
+        "'1' (all-reduce combining on; dtcli's steps keep collectives out of their updates)",
+    ),
+    doctor.Check("DTCLI_XLA_CACHE", True, f"{CACHE}: 2 compiled steps, 27 MB (a one-device run)"),
+    doctor.Check("DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION", False, "'1': gives wrong numbers"),
+]
+
+
+def _path_whole_or_broken_after_a_slash(lines: list[str], path: str) -> None:
+    """`path` is on one line, or its start ends a line at a '/' and the rest goes on in the
+    next line's cell (the box and the indent stripped)."""
+    cells = [line.strip("│ ").split("│")[-1].strip() for line in lines]
+    start = next(n for n, cell in enumerate(cells) if "/home/" in cell)
+    rest = path[path.index("/home/") :]
+    piece = cells[start][cells[start].index("/home/") :].split()[0]
+    while not piece.startswith(rest):
+        assert piece.endswith("/") and rest.startswith(piece), (piece, rest)
+        rest, start = rest[len(piece) :], start + 1
+        piece = cells[start].split()[0]
+
+
+def test_doctor_at_80_columns_keeps_the_status_whole_and_breaks_a_path_only_after_a_slash(
+    monkeypatch,
+):
+    monkeypatch.setenv("COLUMNS", "80")  # as a user's 80-column terminal
+    text = io.StringIO()
+    doctor.render(DOCTOR_CHECKS, Console(file=text, force_terminal=True, color_system=None))
+    lines = text.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "status" in lines[1] and "…" not in text.getvalue()  # was cut to "s…"
+    for check in DOCTOR_CHECKS:  # a flag's name whole, beside its whole status
+        assert any(line.split() == [check.name, check.status] for line in lines), check.name
+    _path_whole_or_broken_after_a_slash(lines, CACHE)
+    # Side by side where the names, the status and the path's longest part fit (100 columns).
+    console, text = terminal(100)
+    doctor.render(DOCTOR_CHECKS, console)
+    lines = text.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert any("┃ status ┃" in line for line in lines) and "…" not in text.getvalue()
+    assert CACHE not in text.getvalue()  # 56 characters in a 37-wide column: broken...
+    _path_whole_or_broken_after_a_slash(lines, CACHE)  # ... after a '/' (rich: anywhere)
+
+
+def test_prose_breaks_at_spaces_and_a_long_path_after_a_slash():
+    from dtcli.tables import wrap_prose
+
+    assert wrap_prose("a bb ccc", 4) == ["a bb", "ccc"]
+    assert wrap_prose("at /a/bb/ccc: x", 9) == ["at /a/bb/", "ccc: x"]
+    assert wrap_prose("/averyverylongpart/b", 5) == ["/", "averyverylongpart/", "b"]
+    assert wrap_prose("see dir/ /a/bcd/ef", 9) == ["see dir/", "/a/bcd/ef"]
+
+
 EVAL_RESULT = {
     "checkpoint": "/home/someone/projects/dtcli/runs/tiny_gpt-20250101-120000/checkpoints/"
     "ckpt-00000400",

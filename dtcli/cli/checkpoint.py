@@ -26,14 +26,16 @@ def eval_(
     sets: list[str] | None = SetOption,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
     no_progress: bool = typer.Option(
-        False, "--no-progress", help="As train's (eval draws no bar: it prints its result only)."
+        False,
+        "--no-progress",
+        help="Into a pipe or a file, no line every 10 s while it restores, compiles and evaluates.",
     ),
 ) -> None:
     """Evaluate a checkpoint, on the mesh it was trained on or another one."""
     from dtcli import evaluate as evaluate_lib
 
     result = evaluate_lib.evaluate_path(
-        checkpoint, split, overrides(sets, mesh, devices), batch_size
+        checkpoint, split, overrides(sets, mesh, devices), batch_size, progress=not no_progress
     )
     if as_json:
         import json

@@ -18,8 +18,10 @@ def doctor(
 ) -> None:
     """Check versions, devices, DTensor flags, and that 1 device and a mesh give equal numbers."""
     from dtcli import doctor as doctor_lib
+    from dtcli import progress
 
-    checks = doctor_lib.run(devices)
+    # What it does as it goes on stderr; the table, on stdout, stays whole for a pipe or a file.
+    checks = doctor_lib.run(devices, console=progress.stderr_console())
     doctor_lib.render(checks, console())
     failed = [c.name for c in checks if not c.ok]
     if failed:

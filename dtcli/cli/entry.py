@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import typer
 
@@ -14,8 +16,29 @@ from dtcli.errors import INTERRUPTED_EXIT, Preempted, Stopped, TrainingError, Us
 DEBUG_ENV = "DTCLI_DEBUG"
 
 
+# What a command may leave set for the rest of its process (see run).
+PROCESS_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def run(argv: list[str] | None = None) -> int:
-    """Run one command line in this process and return its exit code (main() exits with it).
+    """Run one command line in this process and return its exit code.
+
+    The process goes on after it (a test, a script calling dtcli): SIGINT's and SIGTERM's
+    handlers are left as they were found. (A complete run ignores both until its process exits,
+    main(): the exit code is decided.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return command_line(argv)
+    found = {sig: signal.getsignal(sig) for sig in PROCESS_SIGNALS}
+    try:
+        return command_line(argv)
+    finally:
+        for sig, handler in found.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+
+
+def command_line(argv: list[str] | None = None) -> int:
+    """One command line and its exit code (main() exits with it).
 
     No traceback reaches the user without --debug: bad input is one `error:` line and exit 2,
     a fault after training started (a full disk, a non-finite loss) one line and exit 1, any
@@ -76,8 +99,9 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    """The console script."""
-    code = run()
+    """The console script: what a command leaves set for the rest of the process stays (a
+    complete run ignores SIGINT and SIGTERM until it exits, with 0)."""
+    code = command_line()
     try:
         sys.stdout.flush()  # what is still buffered meets a closed pipe here
     except BrokenPipeError:

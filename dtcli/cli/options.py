@@ -19,7 +19,12 @@ EpochsOption = typer.Option(
     None, "--epochs", help="Override train.epochs (the total, also with --resume)."
 )
 OutOption = typer.Option(None, "--out", help="Run directory (default runs/NAME-TIME).")
-NoProgressOption = typer.Option(False, "--no-progress", help="No live progress bar.")
+NoProgressOption = typer.Option(
+    False,
+    "--no-progress",
+    help="No live progress bar; into a pipe or a file, no progress line and no line every 10 s "
+    "while the run is blocked (compiling).",
+)
 ConnectTimeoutOption = typer.Option(
     60.0,
     "--connect-timeout",

@@ -115,4 +115,4 @@ def launch(
         profile=steps,
         memory=memory_lib.budget_from_args(memory, no_memory_check),
     )
-    print(launch_lib.run(launch_plan, progress=not no_progress))
+    print(launch_lib.run(launch_plan, progress=not no_progress, until_exit=True))

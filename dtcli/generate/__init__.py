@@ -37,6 +37,7 @@ import numpy as np
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
+from dtcli import progress as progress_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
 from dtcli.generate import loop
@@ -202,7 +203,8 @@ class Generator:
             return recipe, _restored_session(found, held, recipe, use_devices, key)
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
-        recipe, self.session = rundir.read_checkpoint(storage.as_path(path), restore)
+        with _heartbeat(sys.stderr, "generate: restoring the checkpoint on the mesh"):
+            recipe, self.session = rundir.read_checkpoint(storage.as_path(path), restore)
         self.context = int(self.session.data.input_shape[0])
         # text and tokens, the language-model sources, give one
         self.tokenizer = self.session.data.tokenizer
@@ -352,13 +354,13 @@ def write(
     the tokens/s line (Stats) on `err`."""
     check_options(settings)
     if len(prompts) == 1:
-        for piece in generator.pieces(prompts[0], settings):
+        for piece in _first_compiled(generator.pieces(prompts[0], settings), err):
             out.write(piece)
             out.flush()  # a long generation shows progress, and Ctrl-C keeps what came
         out.write("\n")
         out.flush()  # before the tokens/s line on `err`
     else:
-        for i, text in generator.texts(prompts, settings):
+        for i, text in _first_compiled(generator.texts(prompts, settings), err):
             shown = prompts[i].decode("utf-8", errors="replace")
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             gap = "\n" if i else ""  # a blank line between blocks
@@ -366,6 +368,26 @@ def write(
             out.flush()
     if generator.stats is not None:
         print(generator.stats.line(), file=err, flush=True)
+
+
+def _heartbeat(err: TextIO, what: str) -> progress_lib.Heartbeat:
+    """`what` generate is doing, said on `err` every BEAT_EVERY seconds it blocks, where `err` is
+    no terminal."""
+    return progress_lib.Heartbeat(progress_lib.stderr_console(err), what)
+
+
+def _first_compiled(items: Iterator[Any], err: TextIO) -> Iterator[Any]:
+    """`items`, the first awaited under a heartbeat (its step compiles the forward pass). Not
+    the others: the text flowing shows the process is alive, and on a shared pipe (2>&1) a
+    line of the heartbeat would land inside it."""
+    with _heartbeat(err, "generate: compiling the forward pass"):
+        first = next(items, _NONE)
+    if first is not _NONE:
+        yield first
+    yield from items
+
+
+_NONE = object()
 
 
 def _restored_session(

@@ -69,7 +69,15 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
+def run(
+    p: LaunchPlan, progress: bool = True, console: Any = None, until_exit: bool = False
+) -> Path:
+    """Start the clients, relay them, and return the run directory once every client is done.
+
+    A run whose every client exited 0 is complete, whatever signal came after (the clients
+    ignore one once their run is): a SIGTERM forwarded to them then is no preemption.
+    `until_exit` (the command line's launch, whose process ends with it): a complete run leaves
+    SIGINT and SIGTERM ignored until the process exits, as a client's does (exit 0, not 143)."""
     from rich.console import Console
 
     console = console or Console(stderr=True, soft_wrap=True, highlight=False)
@@ -105,9 +113,14 @@ def run(p: LaunchPlan, progress: bool = True, console: Any = None) -> Path:
         ) from None
     finally:
         _stop(procs)
-        if previous is not None:
+        complete = bool(procs) and all(q.returncode == 0 for q in procs)
+        if previous is not None and complete and until_exit:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+        elif previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    _raise_outcome(p, procs, failed, preempting)
+    if not complete:
+        _raise_outcome(p, procs, failed, preempting)
     return p.run_dir
 
 

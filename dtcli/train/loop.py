@@ -85,6 +85,7 @@ class EpochLoop:
     stop: Stop
     on_first_step: Callable[[], None] | None = None
     profiler: Any = None
+    beat: progress_lib.Heartbeat | None = None  # told what the loop does (a piped run's lines)
     trained: int = 0  # steps this process trained
     eval_packed: list | None = None  # an in-memory eval split's batches, packed once
 
@@ -96,7 +97,8 @@ class EpochLoop:
             enabled=self.progress,
             unit="tok/s" if lm else "ex/s",
             total_steps=self.session.recipe.train.steps,
-            plain=lm,  # long runs: a log that is not a terminal still hears of them
+            plain=True,  # long epochs: a log that is not a terminal still hears of them
+            beat=self.beat,
         )
         state = start
         while state.epoch < self.session.recipe.train.epochs:
@@ -140,15 +142,23 @@ class EpochLoop:
         step = self._step()
         if state.batch < steps:  # stopped by Ctrl-C: save where we are, mid-epoch
             self._interrupt(state)
+        self._doing("evaluating")  # the first evaluation compiles its step
         record = self._record(epoch, step, state)
         history.append(record)
         self.writer.epoch(record)
         self.console.print(epoch_line(record, cfg), highlight=False)
+        if self.beat is not None:
+            self.beat.heard()
         state = EpochState(epoch + 1)
         last_epoch = state.epoch == cfg.epochs
         if last_epoch or (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0):
+            self._doing(f"saving the checkpoint of step {step}")
             self.checkpointer.save(step, checkpoint_meta(self.session, step, state))
         return state
+
+    def _doing(self, what: str) -> None:
+        if self.beat is not None:
+            self.beat.now(what)
 
     def _record(self, epoch: int, step: int, state: EpochState) -> dict[str, Any]:
         """The epoch's line of metrics.jsonl: training numbers, a full evaluation, throughput."""
@@ -204,6 +214,7 @@ class EpochLoop:
         # Decided by what this process saved, not by the folder: in a multi-client run client 0
         # renames a checkpoint into place after the others have returned from saving it.
         if self.checkpointer.last_step != step:
+            self._doing(f"saving the checkpoint of step {step}")
             latest = self.checkpointer.save(step, checkpoint_meta(self.session, step, state))
         else:
             latest = self.checkpointer.folder / f"ckpt-{step:08d}"

@@ -58,6 +58,7 @@ def command(
     loaded = rundir.command_recipe(recipe, out, resume, overrides, chief=chief)
     result = train(
         loaded,
+        until_exit=True,
         out=out,
         resume=resume,
         progress=progress,
@@ -85,6 +86,7 @@ def train(
     profile: tuple[int, int] | None = None,
     devices_key: str = devices_lib.RECIPE_KEY,
     memory: memory_lib.Budget = memory_lib.NO_BUDGET,
+    until_exit: bool = False,
 ) -> RunResult:
     """Train a recipe end to end and write its run directory (or continue one with `resume`).
 
@@ -95,10 +97,12 @@ def train(
     seconds); all clients train and save checkpoints together, only client 0 holds the lock and
     writes the recipe, metrics and plots. A recipe whose memory plan does not fit `memory` (or
     the devices' own memory) is refused first, before its folder or model exists.
+    `until_exit`: this process ends with the run (the command line's): once it is complete,
+    SIGINT and SIGTERM are ignored until it exits (signals.SigtermOutsideTheLoop).
     """
     from rich.console import Console
 
-    with SigtermOutsideTheLoop() as early:
+    with SigtermOutsideTheLoop(until_exit) as early:
         tfruntime.check_runtime_env()
         # soft_wrap: logs piped to a file keep one line per message
         console = console or runlog.LoggedConsole(stderr=True, soft_wrap=True)
@@ -127,6 +131,10 @@ def train(
             return _open_and_train(run)
 
 
+# What a run is doing until its loop starts (progress.Heartbeat).
+SETTING_UP = "setting up the run (TensorFlow, the data, the model on the mesh)"
+
+
 def _open_and_train(run: Run) -> RunResult:
     """Open the run, join the other clients, train; on any failure leave the run as the rules
     say (a new run without a checkpoint removed, a resume as it was) and say why in train.log."""
@@ -142,11 +150,15 @@ def _open_and_train(run: Run) -> RunResult:
     role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
     memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
+    # Where the run's output is no terminal: a line at least every BEAT_EVERY seconds, from
+    # TensorFlow's start to the plots (the first compile alone took ~90 s for gpt_fsdp_tp).
+    run.beat = progress_lib.run_heartbeat(run.console, SETTING_UP, on=run.progress)
     try:
-        _open(run, path)
-        if cluster is not None:
-            join(run)
-        result = _train(run)
+        with run.beat:
+            _open(run, path)
+            if cluster is not None:
+                join(run)
+            result = _train(run)
     except BaseException as exc:
         if run.folder is not None:  # None: opening the run failed, and left everything as it was
             if run.logged:
@@ -213,6 +225,7 @@ def _train(run: Run) -> RunResult:
         stopper,
         on_first_step,
         profiler,
+        run.beat,
     )
     before = len(history)
     try:
@@ -253,6 +266,7 @@ def _sum_up(
         step = int(session.optimizer.iterations.numpy())
         profile_report(run.console, profiler, run.folder.tensorboard, step)
     if run.chief and len(history) > before:
+        run.beat.now("drawing the plots")
         _plot(run.folder)
     run.early.complete()  # a Ctrl-C after the summary: the run is complete, exit 0
     if run.chief:
@@ -261,6 +275,7 @@ def _sum_up(
 
 def _nothing_to_train(run: Run) -> RunResult:
     """Said before the devices, the model and the compilation are set up for nothing."""
+    run.early.complete()  # a run trained to its end already: a signal now changes nothing
     state = run.meta["epoch_state"]
     nothing_to_train(
         run.console, run.recipe.train, state["epoch"], run.meta["step"], state["batch"]

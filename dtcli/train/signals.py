@@ -26,14 +26,21 @@ class SigtermOutsideTheLoop:
 
     `deferred()`: while the run folder is made and locked the exception waits (Python runs
     signal handlers in the main thread, whichever thread the signal reached), so that the
-    clean-up sees what to remove."""
+    clean-up sees what to remove.
+
+    `until_exit` (the command line's run, whose process ends with it): once the run is
+    complete, SIGINT and SIGTERM stay ignored after the block, until the process exits, instead
+    of the handlers found before it (Python's default ones turned a SIGTERM while the run
+    directory was printed, or TensorFlow shut down, into 143: a scheduler would requeue a
+    finished job)."""
 
     MESSAGE = (
         "preempted (SIGTERM) outside the training loop; nothing new was saved (a new run "
         "without a checkpoint is removed, an existing run keeps its checkpoints)"
     )
 
-    def __init__(self) -> None:
+    def __init__(self, until_exit: bool = False) -> None:
+        self.until_exit = until_exit
         self._holding = False
         self._pending = False
         self._complete = False
@@ -70,7 +77,11 @@ class SigtermOutsideTheLoop:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        if self._complete and self.until_exit and kind is None and self._previous is not None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+            return
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
         if self._previous_int is not None:

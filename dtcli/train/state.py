@@ -44,6 +44,7 @@ class Run:
     meta: dict[str, Any] | None = field(default=None, repr=False)  # its meta.json
     devices_key: str = devices_lib.RECIPE_KEY  # --devices when the command line gave them
     memory: memory_lib.Budget = memory_lib.NO_BUDGET  # --memory, --no-memory-check
+    beat: Any = None  # progress.Heartbeat: what a piped run says while it is blocked
 
     def warn(self, message: str) -> None:
         self.console.print(message, markup=False, highlight=False)
