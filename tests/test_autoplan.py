@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import RECIPES
 
+from dtcli import autoplan
 from dtcli import layout as layout_lib
 from dtcli import memory as memory_lib
 from dtcli import recipe as recipe_lib
@@ -208,3 +209,14 @@ def test_measure_reads_the_step_time_without_the_first_call(tmp_path):
         [("a", "x", 0), ("b", "y", 0)], 5, console, 1.0, lambda text, k, t, w: (len(text) * k, None)
     )
     assert got == [(5, None), (5, None)]
+
+
+@pytest.mark.parametrize(
+    "option, path", [("--write", "/proc/auto.yaml"), ("--plot", "/sys/auto.png")]
+)
+def test_an_unwritable_write_or_plot_is_refused_before_the_search(option, path):
+    """Checked with the options, before minutes of search (--write used to fail after it with
+    a PermissionError, --plot after it too)."""
+    write, plot = (path, None) if option == "--write" else (None, path)
+    with pytest.raises(UsageError, match=f"{option} '{path}': cannot write in"):
+        autoplan.options(True, None, None, None, write, plot, False, False)

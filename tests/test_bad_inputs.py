@@ -923,6 +923,13 @@ CASES: dict[str, Case] = {
         "plan", "{q}", "--auto", "--write", "{tmp}/no/o.yaml", expect="no such folder"
     ),
     "auto plot not png": c("plan", "{q}", "--auto", "--plot", "{tmp}/p.jpg", expect="--plot"),
+    # refused before the search (it used to fail after it, --write with a PermissionError)
+    "auto write unwritable": c(
+        "plan", "{q}", "--auto", "--write", "/proc/auto.yaml", expect="--write '/proc/auto.yaml'"
+    ),
+    "auto plot unwritable": c(
+        "plan", "{q}", "--auto", "--plot", "/sys/auto.png", expect="--plot '/sys/auto.png': cannot"
+    ),
     "auto bad memory": c("plan", "{q}", "--auto", "--memory", "lots", expect="--memory 'lots'"),
     "auto unknown devices": c("plan", "{q}", "--auto", "--devices", "npu:8", expect="--devices"),
     "auto budget under every candidate": c(

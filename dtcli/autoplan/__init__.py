@@ -16,6 +16,7 @@ A command at the layer of `plan` (docs/architecture.md): it imports the engine's
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,13 @@ def _new_file(text: str | None, option: str, suffixes: tuple[str, ...]) -> Path 
         raise UsageError(f"{option} {text!r}: no such folder {str(path.parent)!r}")
     if path.suffix.lower() not in suffixes:
         raise UsageError(f"{option} {text!r}: expected a file name ending in {suffixes[0]}")
+    try:  # now, not after a search of minutes: a folder this process cannot write in
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"{option} {text!r}: cannot write in {str(path.parent)!r} ({exc.strerror})"
+        ) from None
     return path
 
 
