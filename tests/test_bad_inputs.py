@@ -913,6 +913,12 @@ CASES: dict[str, Case] = {
     "auto measure zero": c("plan", "{q}", "--auto", "--measure", "0", expect="--measure 0"),
     "auto measure not a number": c("plan", "{q}", "--auto", "--measure", "x", expect="--measure"),
     "measure without auto": c("plan", "{q}", "--measure", "5", expect="--measure: only with"),
+    "repeats without measure": c(
+        "plan", "{q}", "--auto", "--repeats", "3", expect="--repeats: only with --measure"
+    ),
+    "repeats zero": c(
+        "plan", "{q}", "--auto", "--measure", "5", "--repeats", "0", expect="--repeats 0: expected"
+    ),
     "auto write exists": c(
         "plan", "{q}", "--auto", "--write", "{tmp}/f.yaml", expect="exists", setup=file_at("f.yaml")
     ),
