@@ -281,8 +281,8 @@ def test_measure_repeats_round_by_round_and_says_what_it_does(tmp_path):
     with open(out, "w") as f:
         jobs = [("tp on x", "a", 0), ("dp on y", "b", 0), ("fsdp on z", "bad", 0)]
         got = measure.measure_all(jobs, 5, 3, Console(file=f), 1.0, fake)
-    assert calls == ["a", "b", "bad", "a", "b", "a", "b"]
-    assert [t.runs_ms for t in got] == [[30.0, 10.0, 20.0], [5.0, 7.0, 6.0], []]
+    assert calls == ["a", "b", "bad", "b", "a", "a", "b"]  # every other round backwards
+    assert [t.runs_ms for t in got] == [[30.0, 10.0, 20.0], [5.0, 7.0, 6.0], []]  # by job
     assert [t.median_ms for t in got] == [20.0, 6.0, None]
     assert got[2].error == "dtcli train exited 1"
     lines = out.read_text().splitlines()
@@ -292,6 +292,7 @@ def test_measure_repeats_round_by_round_and_says_what_it_does(tmp_path):
         "measured 1/9: tp on x (run 1 of 3): 30.0 ms a step",
     ]
     assert "measured 3/9: fsdp on z (run 1 of 3): failed" in lines
+    assert "measured 5/9: dp on y (run 2 of 3): 7.0 ms a step" in lines  # 4/9: bad, skipped
     assert lines[-1] == "measured 8/9: dp on y (run 3 of 3): 6.0 ms a step"
 
 

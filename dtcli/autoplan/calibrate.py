@@ -265,7 +265,7 @@ def _all_reduce_seconds(mesh: Any, axis: str, floats: int, op_seconds: float) ->
         return lambda: chain(x).numpy()
 
     short, long = _timed(make(2)), _timed(make(2 + CHAIN))
-    return max(long - short, 0.0) / CHAIN - 2 * op_seconds
+    return max(max(long - short, 0.0) / CHAIN - 2 * op_seconds, 0.0)
 
 
 def _probe_xla() -> Rates:

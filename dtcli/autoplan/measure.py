@@ -119,17 +119,21 @@ def measure_all(
     measure: Callable[..., tuple[float | None, str | None]] = measure_one,
 ) -> list[Timing]:
     """Measure each (label, recipe text, warmup steps) `repeats` times, a round over every
-    job at a time, saying on `console` what it is doing as it goes: a bar on a terminal,
-    else a plain line when a run starts, every HEARTBEAT seconds while it runs and when it
-    ends."""
+    job at a time (every other round in reverse order), saying on `console` what it is doing
+    as it goes: a bar on a terminal, else a plain line when a run starts, every HEARTBEAT
+    seconds while it runs and when it ends."""
     out = [Timing() for _ in jobs]
     runs = len(jobs) * repeats
     with _Say(console, runs) as say:
         for r in range(repeats):
-            for i, ((label, text, warmup), timing) in enumerate(zip(jobs, out)):
+            # every other round backwards: load that grows or fades over the rounds falls on
+            # the first and the last candidates alike
+            order = range(len(jobs)) if r % 2 == 0 else range(len(jobs) - 1, -1, -1)
+            for n, i in enumerate(order):
+                (label, text, warmup), timing = jobs[i], out[i]
                 if timing.error is not None:
                     continue
-                k = r * len(jobs) + i + 1
+                k = r * len(jobs) + n + 1
                 what = f"{k}/{runs}: {label}" + (
                     f" (run {r + 1} of {repeats})" if repeats > 1 else ""
                 )

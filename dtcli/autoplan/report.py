@@ -82,8 +82,9 @@ def idle_note(rows: list[Checked], chosen: int | None, count: int) -> str | None
     used = rows[chosen].candidate.devices
     return (
         f"note: the chosen candidate trains on {used} of the {count} devices "
-        f"({rows[chosen].raw['devices']}); {idle} stay idle (fewer devices ran faster here"
-        + (", measured)" if rows[chosen].measured_ms is not None else ", predicted)")
+        f"({rows[chosen].raw['devices']}); {idle} stay idle: fewer devices "
+        + ("measured" if rows[chosen].measured_ms is not None else "are predicted")
+        + " faster here"
     )
 
 
@@ -129,7 +130,7 @@ def to_json(
 
 COLUMNS = (
     Column("#", right=True),
-    Column("devices", "name"),
+    Column("devices", "name", drop=2),  # the mesh's sizes say it too
     Column("mesh", "name"),
     Column("preset", "name"),
     Column("bytes/device", right=True),
