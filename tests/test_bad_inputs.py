@@ -1007,6 +1007,12 @@ CASES: dict[str, Case] = {
     "auto measure zero": c("plan", "{q}", "--auto", "--measure", "0", expect="--measure 0"),
     "auto measure not a number": c("plan", "{q}", "--auto", "--measure", "x", expect="--measure"),
     "measure without auto": c("plan", "{q}", "--measure", "5", expect="--measure: only with"),
+    "repeats without measure": c(
+        "plan", "{q}", "--auto", "--repeats", "3", expect="--repeats: only with --measure"
+    ),
+    "repeats zero": c(
+        "plan", "{q}", "--auto", "--measure", "5", "--repeats", "0", expect="--repeats 0: expected"
+    ),
     "auto write exists": c(
         "plan", "{q}", "--auto", "--write", "{tmp}/f.yaml", expect="exists", setup=file_at("f.yaml")
     ),
@@ -1017,6 +1023,13 @@ CASES: dict[str, Case] = {
         "plan", "{q}", "--auto", "--write", "{tmp}/no/o.yaml", expect="no such folder"
     ),
     "auto plot not png": c("plan", "{q}", "--auto", "--plot", "{tmp}/p.jpg", expect="--plot"),
+    # refused before the search (it used to fail after it, --write with a PermissionError)
+    "auto write unwritable": c(
+        "plan", "{q}", "--auto", "--write", "/proc/auto.yaml", expect="--write '/proc/auto.yaml'"
+    ),
+    "auto plot unwritable": c(
+        "plan", "{q}", "--auto", "--plot", "/sys/auto.png", expect="--plot '/sys/auto.png': cannot"
+    ),
     "auto bad memory": c("plan", "{q}", "--auto", "--memory", "lots", expect="--memory 'lots'"),
     "auto unknown devices": c("plan", "{q}", "--auto", "--devices", "npu:8", expect="--devices"),
     "auto budget under every candidate": c(

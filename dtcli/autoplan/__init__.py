@@ -16,6 +16,7 @@ A command at the layer of `plan` (docs/architecture.md): it imports the engine's
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class AutoOptions:
 
     top: int = DEFAULT_TOP  # the candidates shown and measured, best predicted first
     measure: int | None = None  # steps per candidate, or None: predict only
+    repeats: int = 1  # runs of each measured candidate
     write: Path | None = None
     plot: Path | None = None
     as_json: bool = False
@@ -51,12 +53,14 @@ def options(
     plot: str | None,
     as_json: bool,
     recalibrate: bool,
+    repeats: int | None = None,
 ) -> AutoOptions | None:
     """The command line's --auto options, each refused in one line naming it; None without
     --auto (then none of its options may be given)."""
     given = {
         "--top": top is not None,
         "--measure": measure is not None,
+        "--repeats": repeats is not None,
         "--write": write is not None,
         "--plot": plot is not None,
         "--recalibrate": recalibrate,
@@ -75,9 +79,14 @@ def options(
         raise UsageError(f"--top {top}: expected at least 1 candidate")
     if measure is not None and measure < 2:
         raise UsageError(f"--measure {measure}: expected at least 2 steps per candidate")
+    if repeats is not None and measure is None:
+        raise UsageError("--repeats: only with --measure (the runs of each measured candidate)")
+    if repeats is not None and repeats < 1:
+        raise UsageError(f"--repeats {repeats}: expected at least 1 run per candidate")
     return AutoOptions(
         top if top is not None else DEFAULT_TOP,
         measure,
+        repeats if repeats is not None else 1,
         _new_file(write, "--write", (".yaml", ".yml")),
         _new_file(plot, "--plot", (".png",)),
         as_json,
@@ -99,63 +108,101 @@ def _new_file(text: str | None, option: str, suffixes: tuple[str, ...]) -> Path 
         raise UsageError(f"{option} {text!r}: no such folder {str(path.parent)!r}")
     if path.suffix.lower() not in suffixes:
         raise UsageError(f"{option} {text!r}: expected a file name ending in {suffixes[0]}")
+    try:  # now, not after a search of minutes: a folder this process cannot write in
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"{option} {text!r}: cannot write in {str(path.parent)!r} ({exc.strerror})"
+        ) from None
     return path
 
 
 def run(
     recipe_path: str, overrides: recipe_lib.Overrides, opts: AutoOptions, budget: Any, console: Any
 ) -> None:
-    """Search, predict, (measure), then print, and write what was asked for."""
+    """Search, predict, (measure), then print, and write what was asked for. What takes long
+    (the first calibration, the measurements) says so on stderr as it goes."""
     from dtcli.autoplan import calibrate
+    from dtcli.autoplan.cost import predict
 
+    err = _stderr_console()
     raw = overrides.apply(recipe_lib.read_raw(recipe_path))
     base = recipe_lib.from_mapping(raw)
     devices = devices_lib.configure(base.devices, mesh_lib.device_count_for(base.mesh))
     model = search.describe_model(base)
-    found = search.enumerate_for(base, model, devices.count)
-    checked = search.merge_equal([search.check(raw, c, model, budget) for c in found])
+    found = search.enumerate_for(base, model, devices.count, devices.device_type)
+    checked = search.merge_equal(
+        [search.check(raw, c, model, budget, devices.device_type) for c in found]
+    )
     search.refuse_if_none_fits(checked, budget)
-    rates, fresh = calibrate.rates_for(devices.device_type, devices.count, opts.recalibrate)
-    from dtcli.autoplan.cost import predict
-
+    rates, fresh = calibrate.rates_for(
+        devices.device_type, devices.count, opts.recalibrate, _say(err)
+    )
     for c in checked:
         if c.workload is not None:
-            c.prediction = predict(c.workload, rates)
+            c.prediction = predict(c.workload, rates.rates_for(c.workload))
     rows = report_lib.ranked(checked)
     sets = _sets_mapping(overrides)
     if opts.measure is not None:
-        _measure(rows, opts, recipe_path, sets, overrides.devices, console)
+        _measure(rows, opts, recipe_path, sets, err)
     chosen = report_lib.chosen_index(rows)
-    title = f"{base.name}: {devices.text}, best predicted first"
-    per_step = report_lib.items_per_step(base, model.input_shape)
-    if opts.as_json:
-        import json
-
-        extra = {
-            "recipe": base.name,
-            "devices": devices.text,
-            "device_kind": calibrate.device_kind(devices.device_type, devices.count),
-            "rates": rates.to_json(),
-            "calibrated_now": fresh,
-            "calibration_cache": str(calibrate.cache_path()),
-        }
-        print(json.dumps(report_lib.to_json(rows, chosen, extra, budget)))
-    else:
-        report_lib.render(rows, chosen, console, title, per_step, budget, opts.top)
-        spearman = report_lib.correlation(rows)
-        if spearman is not None:
-            console.print(f"Spearman rank correlation, predicted vs measured: {spearman:.2f}")
-    if opts.plot is not None:
-        from dtcli.autoplan import figure
-
-        figure.plot(rows, chosen, opts.plot, title)
+    extra = {
+        "recipe": base.name,
+        "devices": devices.text,
+        "device_kind": calibrate.device_kind(devices.device_type, devices.count),
+        "rates": rates.to_json(),
+        "calibrated_now": fresh,
+        "calibration_cache": str(calibrate.cache_path()),
+        "repeats": opts.repeats if opts.measure is not None else None,
+    }
+    _give_back(rows, chosen, opts, base, model, devices, extra, budget, console)
     if opts.write is not None and chosen is not None:
+        pick = rows[chosen]
         text = report_lib.recipe_text(
-            rows[chosen], Path(recipe_path), opts.write.parent, sets, overrides.devices
+            pick, Path(recipe_path), opts.write.parent, sets, pick.raw["devices"]
         )
         opts.write.write_text(text)
         if not opts.as_json:
             console.print(f"wrote {opts.write}: dtcli train {opts.write}", highlight=False)
+
+
+def _give_back(
+    rows: list[search.Checked],
+    chosen: int | None,
+    opts: AutoOptions,
+    base: recipe_lib.Recipe,
+    model: search.Model,
+    devices: devices_lib.Devices,
+    extra: dict,
+    budget: Any,
+    console: Any,
+) -> None:
+    """The JSON, or the table, the rank correlation and the devices the pick leaves idle; the
+    PNG."""
+    title = f"{base.name}: {devices.text}, best predicted first"
+    if opts.as_json:
+        import json
+
+        print(json.dumps(report_lib.to_json(rows, chosen, extra, budget, devices.count)))
+    else:
+        per_step = report_lib.items_per_step(base, model.input_shape)
+        report_lib.render(rows, chosen, console, title, per_step, budget, opts.top)
+        spearman = report_lib.correlation(rows)
+        if spearman is not None:
+            console.print(f"Spearman rank correlation, predicted vs measured: {spearman:.2f}")
+        idle = report_lib.idle_note(rows, chosen, devices.count)
+        if idle is not None:
+            console.print(idle, markup=False, highlight=False)
+    if opts.plot is not None:
+        from dtcli.autoplan import figure
+
+        figure.plot(rows, chosen, opts.plot, title)
+
+
+def _say(console: Any) -> Any:
+    """One plain line on `console` (stderr): what a long step is doing."""
+    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _measure(
@@ -163,24 +210,24 @@ def _measure(
     opts: AutoOptions,
     recipe_path: str,
     sets: dict,
-    devices: str | None,
     console: Any,
 ) -> None:
-    """The best `opts.top` fitting candidates, each trained `opts.measure` steps."""
+    """The best `opts.top` fitting candidates, each trained `opts.measure` steps
+    `opts.repeats` times."""
     from dtcli.autoplan import measure
 
     todo = [r for r in rows if r.fits][: opts.top]
     jobs = []
     for r in todo:
         # measure writes it into a temporary folder: the base's path is absolute
-        text = report_lib.recipe_text(r, Path(recipe_path), None, sets, devices)
+        text = report_lib.recipe_text(r, Path(recipe_path), None, sets, r.raw["devices"])
         warmup = r.recipe.optimizer.warmup_steps if r.recipe is not None else 0
         jobs.append((search.label(r.candidate), text, warmup or 0))
     timeout = float(os.environ.get(measure.TIMEOUT_ENV, "1800"))
-    err_console = console if not opts.as_json else _stderr_console()
-    results = measure.measure_all(jobs, opts.measure, err_console, timeout)
-    for r, (ms, error) in zip(todo, results):
-        r.measured_ms, r.measure_error = ms, error
+    timings = measure.measure_all(jobs, opts.measure, opts.repeats, console, timeout)
+    for r, timing in zip(todo, timings):
+        r.measured_runs_ms, r.measure_error = timing.runs_ms, timing.error
+        r.measured_ms = timing.median_ms
 
 
 def _stderr_console() -> Any:

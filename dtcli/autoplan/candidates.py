@@ -1,5 +1,6 @@
-"""What `dtcli plan --auto` searches (pure: no TensorFlow, no devices): the meshes a device count
-allows over a data axis and a model axis, and the layout presets that apply to a model.
+"""What `dtcli plan --auto` searches (pure: no TensorFlow, no devices): the meshes over a data
+axis and a model axis of every divisor of the device count (one device among them: fewer devices
+can be faster, a single one compiles with XLA), and the layout presets that apply to a model.
 
 A candidate is a mesh and a layout (rules, layouts.fsdp). Whether it can run is decided
 elsewhere (autoplan.search), by the same checks `dtcli train` runs.
@@ -7,6 +8,7 @@ elsewhere (autoplan.search), by the same checks `dtcli train` runs.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ FSDP = "fsdp"
 TENSOR_PARALLEL = "tp"
 FSDP_TP = "fsdp x tp"
 RECIPE = "recipe"
+ONE_DEVICE = "one device"  # the mesh of one device: no layout splits anything there
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,15 @@ class Candidate:
 
     def key(self) -> tuple:
         return (tuple(self.axes.items()), self.layout.key())
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.axes.values())
+
+
+def divisors(count: int) -> list[int]:
+    """The device counts a search of `count` devices weighs, most first: 8, 4, 2, 1 for 8."""
+    return [d for d in range(count, 0, -1) if count % d == 0]
 
 
 def factorizations(count: int, parts: int) -> list[tuple[int, ...]]:
@@ -130,23 +142,32 @@ def applies(layout: Layout, axes: dict[str, int], data_axis: str) -> bool:
 def enumerate_candidates(
     count: int, axis_names: tuple[str, ...], data_axis: str, presets: list[Layout]
 ) -> list[Candidate]:
-    """Every mesh of `count` devices over `axis_names` times every preset that belongs on it;
+    """Every mesh of each divisor of `count` devices over `axis_names` times every preset that
+    belongs on it, and the one-device mesh once (`ONE_DEVICE`: no rule splits anything there);
     a preset equal to one already listed on the same mesh (the recipe's own layout is often
     one of the presets) is listed once, named after both."""
     found: dict[tuple, Candidate] = {}
-    for sizes in factorizations(count, len(axis_names)):
-        axes = dict(zip(axis_names, sizes))
-        for layout in presets:
-            if not applies(layout, axes, data_axis):
-                continue
-            candidate = Candidate(axes, layout)
-            seen = found.get(candidate.key())
-            if seen is None:
-                found[candidate.key()] = candidate
-            elif layout.name not in seen.layout.name:
-                named = Layout(f"{seen.layout.name} = {layout.name}", layout.rules, layout.fsdp)
-                found[candidate.key()] = Candidate(axes, named)
+    for devices in divisors(count):
+        if devices == 1:
+            one = Candidate({a: 1 for a in axis_names}, Layout(ONE_DEVICE, {}, False))
+            found[one.key()] = one
+            continue
+        for sizes in factorizations(devices, len(axis_names)):
+            axes = dict(zip(axis_names, sizes))
+            for layout in presets:
+                if applies(layout, axes, data_axis):
+                    _add(found, Candidate(axes, layout))
     return list(found.values())
+
+
+def _add(found: dict[tuple, Candidate], candidate: Candidate) -> None:
+    seen = found.get(candidate.key())
+    if seen is None:
+        found[candidate.key()] = candidate
+    elif candidate.layout.name not in seen.layout.name:
+        layout = candidate.layout
+        named = Layout(f"{seen.layout.name} = {layout.name}", layout.rules, layout.fsdp)
+        found[candidate.key()] = Candidate(candidate.axes, named)
 
 
 def axis_names(data_axis: str, recipe_axes: tuple[str, ...], model_axis: str) -> tuple[str, ...]:

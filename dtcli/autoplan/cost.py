@@ -1,10 +1,15 @@
 """The cost model of `dtcli plan --auto` (pure: no TensorFlow): a training step's predicted time
-on a mesh, from the recipe's arithmetic and rates measured on the devices (autoplan.calibrate).
+on a mesh, from the recipe's arithmetic and rates measured on the devices (autoplan.calibrate):
+a DTensor mesh of N devices is priced by the rates probed on a mesh of N devices (on virtual
+CPUs sharing a few cores, every op runs once per device: fewer devices, fewer runs), one device
+compiled by XLA on plain variables (mesh.compiles_with_xla) by the rates of XLA on one device
+(fused element-wise work, a few kernels per weight, no collectives).
 
     step = compute + memory + collectives + ops
     compute     = FLOPs per device / FLOP rate
-    memory      = activation bytes per device * ACTIVATION_PASSES / streaming rate (the
-                  element-wise work a FLOP count misses: LayerNorm, softmax, GELU, residuals)
+    memory      = (activation bytes per device * ACTIVATION_PASSES + weight, gradient and
+                  optimizer bytes per device * STATE_PASSES) / streaming rate (the element-wise
+                  work a FLOP count misses: LayerNorm, softmax, GELU, residuals, the update)
     collectives = sum over the step's collectives of alpha(group) + bytes per device / beta(group)
     ops         = op executions per device * seconds per op
 
@@ -16,13 +21,15 @@ The collectives of a step, by layout (the group: the devices along the axis it r
 - tensor parallel (a weight sharded along the model axis): a row-parallel matmul (contracting
   dim sharded) all-reduces its output in the forward pass, a column-parallel one (output dim
   sharded) the gradient of its input in the backward pass; with `clip_norm`, the global norm of
-  a sharded weight needs one scalar all-reduce per weight.
-- the loss and the step's counters: a few scalar all-reduces over the whole mesh.
+  a sharded weight needs one scalar all-reduce per weight; in dtcli's GPT, the relayouts
+  DTensor runs on its own (ops and all-reduces per split block, counted in traced steps:
+  autoplan.workload);
+- the loss and the step's counters: one scalar all-reduce over the whole mesh.
 What it leaves out: overlap of communication with compute, kernels slower on small shards, the
 data pipeline and the training loop's own time per step (the same for every candidate, so
 the predictions are below the measured times by about that much), relayouts DTensor inserts
-on its own (a tf-keras layer reading a weight sharded on the data axis), and any collective
-beyond those listed.
+in other models (a tf-keras layer reading a weight sharded on the data axis), and any
+collective beyond those listed.
 """
 
 from __future__ import annotations
@@ -34,10 +41,17 @@ from dtcli.layout import WeightPlan
 from dtcli.mesh import UNSHARDED
 
 FLOAT32 = 4
-SCALAR_ALL_REDUCES = 3  # the loss, its count and the accuracy, summed over the mesh
-# Each kept activation is written in the forward pass, read in the backward pass and its
-# gradient written there: three passes over the activation bytes.
-ACTIVATION_PASSES = 3
+SCALAR_ALL_REDUCES = 1  # the loss, its count and the accuracy: stacked, summed over the mesh
+# Passes of element-wise work over the activation bytes a step keeps for its backward pass
+# (each written forward, read backward, its gradient written, and the element-wise ops around
+# them: LayerNorm, softmax, GELU, residuals, masks, forward and backward). Fitted to traced
+# tiny_gpt steps (`dtcli train --profile`): the ops other than matmuls took 1.0-1.7x the
+# matmuls' time on DTensor meshes of 1 and 2 devices and 0.43x under XLA; with the probed rates
+# (XLA's matmuls slower, its fused element-wise kernels faster) 10 passes gives both.
+ACTIVATION_PASSES = 10
+# The optimizer's update reads each weight, its gradient and its slots and writes the weight and
+# the slots: about two passes over those bytes (on every device that holds a copy).
+STATE_PASSES = 2
 
 
 @dataclass(frozen=True)
@@ -77,9 +91,12 @@ class Rates:
 
 
 def _nearest(by_group: dict[int, float], group: int) -> float:
-    if not by_group:
-        return 0.0
-    return by_group[min(by_group, key=lambda g: (abs(math.log(g / group)), g))]
+    return by_group[_nearest_key(by_group, group)] if by_group else 0.0
+
+
+def _nearest_key(by_size: dict[int, object], size: int) -> int:
+    """The size probed nearest `size` (on a log scale; the smaller on a tie)."""
+    return min(by_size, key=lambda g: (abs(math.log(g / size)), g))
 
 
 @dataclass(frozen=True)
@@ -100,8 +117,39 @@ class Workload:
 
     flops_per_device: float
     collectives: list[Collective] = field(default_factory=list)
-    ops_per_device: float = 0.0
+    ops_per_device: float = 0.0  # op executions (DTensor) or kernels (XLA) per device
     activation_bytes: float = 0.0  # kept for the backward pass, per device (memory.estimate)
+    state_bytes: float = 0.0  # weights, gradients and optimizer slots per device
+    devices: int = 1  # of the mesh
+    xla: bool = False  # one device, plain variables compiled by XLA
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The rates of one device kind for each way a candidate runs: DTensor on a mesh of each
+    device count probed, and one device compiled by XLA (None: not probed)."""
+
+    meshes: dict[int, Rates]
+    xla: Rates | None = None
+
+    def rates_for(self, work: Workload) -> Rates:
+        if work.xla and self.xla is not None:
+            return self.xla
+        return self.meshes[_nearest_key(self.meshes, work.devices)]
+
+    def to_json(self) -> dict:
+        return {
+            "meshes": {str(n): r.to_json() for n, r in self.meshes.items()},
+            "xla": None if self.xla is None else self.xla.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Calibration:
+        xla = data.get("xla")
+        return cls(
+            {int(n): Rates.from_json(r) for n, r in data["meshes"].items()},
+            None if xla is None else Rates.from_json(xla),
+        )
 
 
 @dataclass(frozen=True)
@@ -127,7 +175,8 @@ def predict(work: Workload, rates: Rates) -> Prediction:
     compute = work.flops_per_device / rates.flop_rate
     memory = 0.0
     if rates.stream_rate > 0:
-        memory = ACTIVATION_PASSES * work.activation_bytes / rates.stream_rate
+        passes = ACTIVATION_PASSES * work.activation_bytes + STATE_PASSES * work.state_bytes
+        memory = passes / rates.stream_rate
     comm = sum(
         rates.alpha_for(c.group) + c.moved() / rates.beta_for(c.group)
         for c in work.collectives
@@ -142,9 +191,13 @@ def weight_collectives(
     plans: list[WeightPlan], axes: dict[str, int], data_axis: str, remat: bool, clip: bool
 ) -> list[Collective]:
     """The gradient reduction of every trainable weight, FSDP's gathers, and clip_norm's
-    scalar all-reduces over the axes a weight is split along."""
+    scalar all-reduces over the axes a weight is split along. DTensor's all-reduce combining
+    pass makes the gradients' all-reduces over the data axis one (independent of each other,
+    over the same devices): a traced data-parallel step of tiny_gpt ran 2 all-reduces per
+    device, not one per weight."""
     data = axes.get(data_axis, 1)
     out = []
+    combined = 0
     for p in plans:
         if not p.weight.trainable:
             continue
@@ -155,17 +208,11 @@ def weight_collectives(
             out += [Collective("all-gather", data, full)] * gathers
             out.append(Collective("reduce-scatter", data, full))
         else:
-            out.append(Collective("all-reduce", data, shard))
+            combined += shard
         if clip:
             groups = math.prod(axes[a] for a in set(p.spec) if a != UNSHARDED)
             if groups > 1:
                 out.append(Collective("all-reduce", groups, FLOAT32))
+    if combined:
+        out.append(Collective("all-reduce", data, combined))
     return out
-
-
-def ops_per_device(plans: list[WeightPlan], activation_ops: int) -> float:
-    """Op executions per step on each device: per trainable weight its forward use, two
-    backward matmuls or reductions, the optimizer's update (about 12 element-wise ops for
-    Adam(W)) and the gradient's norm; plus the activations' own ops (`activation_ops`)."""
-    per_weight = 16
-    return per_weight * sum(1 for p in plans if p.weight.trainable) + activation_ops

@@ -69,13 +69,38 @@ def items_per_step(recipe: Any, input_shape: tuple[int, ...]) -> tuple[int, str]
     return recipe.data.batch_size, "examples"
 
 
+def idle_devices(rows: list[Checked], chosen: int | None, count: int) -> int | None:
+    """The devices of the `count` searched that the chosen candidate leaves idle."""
+    return None if chosen is None else count - rows[chosen].candidate.devices
+
+
+def idle_note(rows: list[Checked], chosen: int | None, count: int) -> str | None:
+    """One line where the chosen candidate trains on fewer devices than were searched."""
+    idle = idle_devices(rows, chosen, count)
+    if not idle:
+        return None
+    used = rows[chosen].candidate.devices
+    return (
+        f"note: the chosen candidate trains on {used} of the {count} devices "
+        f"({rows[chosen].raw['devices']}); {idle} stay idle: fewer devices "
+        + ("measured" if rows[chosen].measured_ms is not None else "are predicted")
+        + " faster here"
+    )
+
+
+def compiled(c: Checked) -> str:
+    return "xla" if c.xla else "dtensor"
+
+
 def to_json(
-    rows: list[Checked], chosen: int | None, extra: dict[str, Any], budget: Any
+    rows: list[Checked], chosen: int | None, extra: dict[str, Any], budget: Any, count: int
 ) -> dict[str, Any]:
     out = []
     for c in rows:
         entry = {
             "mesh": dict(c.candidate.axes),
+            "devices": c.raw.get("devices"),
+            "compile": compiled(c) if c.workload is not None else None,
             "preset": c.candidate.layout.name,
             "rules": c.candidate.layout.rules,
             "fsdp": c.candidate.layout.fsdp,
@@ -83,6 +108,7 @@ def to_json(
             "bytes_per_device": None if c.memory is None else c.memory.total,
             "predicted_ms": c.predicted_ms,
             "measured_ms": c.measured_ms,
+            "measured_runs_ms": c.measured_runs_ms,
             "rejected": c.rejected,
         }
         if c.prediction is not None:
@@ -95,6 +121,7 @@ def to_json(
         "candidates": out,
         "chosen": chosen,
         "predicted_best": predicted_best,
+        "idle_devices": idle_devices(rows, chosen, count),
         "budget_bytes": budget.bytes,
         "spearman": correlation(rows),
         **extra,
@@ -103,6 +130,7 @@ def to_json(
 
 COLUMNS = (
     Column("#", right=True),
+    Column("devices", "name", drop=2),  # the mesh's sizes say it too
     Column("mesh", "name"),
     Column("preset", "name"),
     Column("bytes/device", right=True),
@@ -133,8 +161,9 @@ def render(
         table.append(
             (
                 f"{'*' if i == chosen else ''}{i + 1}",
+                c.raw.get("devices", ""),
                 mesh_lib.mesh_text(c.candidate.axes),
-                c.candidate.layout.name,
+                c.candidate.layout.name + (" (xla)" if c.xla else ""),
                 memory_lib.size_text(c.memory.total) if c.memory else "-",
                 f"{c.predicted_ms:,.1f}" if c.predicted_ms is not None else "-",
                 _measured_text(c),
@@ -142,6 +171,9 @@ def render(
             )
         )
     caption = "*: chosen (the fastest measured, else the fastest predicted)"
+    repeats = max((len(c.measured_runs_ms) for c in rows), default=0)
+    if repeats > 1:
+        caption += f"; measured: the median of {repeats} runs (their range)"
     if budget.bytes is not None:
         caption += f"; budget {memory_lib.size_text(budget.bytes)} per device ({budget.name})"
     hidden = len([r for r in rows if r.fits]) - len(table)
@@ -160,18 +192,28 @@ def render(
 
 
 def _measured_text(c: Checked) -> str:
+    """The median of the runs; with several, their range: `512.3 (498.0-530.1)`."""
     if c.measured_ms is not None:
+        runs = c.measured_runs_ms
+        if len(runs) > 1:
+            return f"{c.measured_ms:,.1f} ({min(runs):,.1f}-{max(runs):,.1f})"
         return f"{c.measured_ms:,.1f}"
     return "failed" if c.measure_error is not None else "-"
 
 
+# Recipe keys that name local files or folders, relative to the folder a command runs in (the
+# data sources open them as given): --write's recipe holds them absolute, valid from anywhere.
+PATH_KEYS = ("path", "eval_path", "data_dir", "tokenizer")
+
+
 def recipe_text(
-    checked: Checked, base: Path, out_dir: Path | None, sets: dict[str, Any], devices: str | None
+    checked: Checked, base: Path, out_dir: Path | None, sets: dict[str, Any], devices: str
 ) -> str:
     """The candidate as a recipe over `base` (the recipe --auto searched, its path relative to
-    `out_dir`, where the file will be; None: absolute): the command line's --set values, the
-    devices, the mesh and the layouts. `mesh` and `layouts.rules` replace the base's whole
-    (recipe.files), so none of the base's own rules is left over."""
+    `out_dir`, where the file will be, as `base:` is read; None: absolute): the command line's
+    --set values, every relative data path made absolute, the candidate's devices, the mesh and
+    the layouts. `mesh` and `layouts.rules` replace the base's whole (recipe.files), so none of
+    the base's own rules is left over."""
     c = checked.candidate
     where = (
         str(base.resolve())
@@ -179,8 +221,10 @@ def recipe_text(
         else os.path.relpath(base.resolve(), out_dir.resolve())
     )
     body: dict[str, Any] = {"base": where, **sets}
-    if devices is not None:
-        body["devices"] = devices
+    paths = absolute_paths(checked.raw.get("data"))
+    if paths:
+        body["data"] = {**(body.get("data") or {}), **paths}
+    body["devices"] = devices
     body["mesh"] = dict(c.axes)
     layouts = dict(sets.get("layouts") or {})
     layouts.update({"fsdp": c.layout.fsdp, "rules": c.layout.rules})
@@ -192,3 +236,21 @@ def recipe_text(
             head += f", measured {checked.measured_ms:,.1f}"
         head += ")"
     return head + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None)
+
+
+def absolute_paths(data: Any) -> dict[str, str]:
+    """The relative local paths among a raw recipe's `data` keys (PATH_KEYS), made absolute
+    against this process's folder (where the command that searched would have opened them);
+    a URL, an absolute path and a tokenizer's name (`bytes`, `bpe:N`) stay as they are."""
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for key in PATH_KEYS:
+        value = data.get(key)
+        if not isinstance(value, str) or not value.strip() or "://" in value:
+            continue
+        if key == "tokenizer" and (value == "bytes" or value.startswith("bpe:")):
+            continue
+        if not os.path.isabs(value):
+            out[key] = os.path.abspath(value)
+    return out

@@ -8,7 +8,7 @@ layers, the memory plan against the budget), so that a candidate is refused exac
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dtcli import layout as layout_lib
@@ -37,7 +37,8 @@ class Checked:
     rejected: str | None = None
     over_budget: bool = False
     prediction: cost_lib.Prediction | None = None
-    measured_ms: float | None = None
+    measured_ms: float | None = None  # the median of the runs
+    measured_runs_ms: list[float] = field(default_factory=list)
     measure_error: str | None = None
     workload: cost_lib.Workload | None = None
     specs: tuple | None = None  # every weight's sharding, for telling equal layouts apart
@@ -45,6 +46,10 @@ class Checked:
     @property
     def fits(self) -> bool:
         return self.rejected is None
+
+    @property
+    def xla(self) -> bool:
+        return self.workload is not None and self.workload.xla
 
     @property
     def predicted_ms(self) -> float | None:
@@ -76,8 +81,11 @@ def describe_model(recipe: Recipe) -> Model:
     return Model(input_shape, num_classes, [p.weight for p in plans])
 
 
-def enumerate_for(recipe: Recipe, model: Model, count: int) -> list[cands.Candidate]:
-    """The meshes of `count` devices times the presets that apply to the recipe's model."""
+def enumerate_for(
+    recipe: Recipe, model: Model, count: int, device_type: str = "CPU"
+) -> list[cands.Candidate]:
+    """The meshes of each divisor of `count` devices times the presets that apply to the
+    recipe's model (a TPU's device count cannot be chosen: all of its devices only)."""
     data_axis = recipe.layouts.data_axis
     if data_axis == mesh_lib.UNSHARDED:
         raise UsageError(
@@ -88,6 +96,8 @@ def enumerate_for(recipe: Recipe, model: Model, count: int) -> list[cands.Candid
     tp = cands.tensor_parallel_rules(model.weights, recipe.model.transformer is not None, names[1])
     presets = cands.layouts(tp, recipe.layouts.rules, recipe.layouts.fsdp)
     found = cands.enumerate_candidates(count, names, data_axis, presets)
+    if device_type == "TPU":
+        found = [c for c in found if c.devices == count]
     if not any(cands.RECIPE in c.layout.name for c in found):
         # the recipe's rules name other axes: its own mesh, as written, is its one candidate
         own = mesh_lib.resolve_axes(dict(recipe.mesh), count)
@@ -95,9 +105,19 @@ def enumerate_for(recipe: Recipe, model: Model, count: int) -> list[cands.Candid
     return found
 
 
-def check(raw: dict, candidate: cands.Candidate, model: Model, budget: Any) -> Checked:
+def devices_text(device_type: str, count: int) -> str:
+    """The recipe's `devices` of a candidate's mesh: `cpu:4`; a TPU's all (`tpu`)."""
+    return "tpu" if device_type == "TPU" else f"{device_type.lower()}:{count}"
+
+
+def check(
+    raw: dict, candidate: cands.Candidate, model: Model, budget: Any, device_type: str = "CPU"
+) -> Checked:
     """The candidate as `train` would load and check it; refused with the checks' own line."""
+    from dtcli.session.build import bf16_cpu
+
     mine = copy.deepcopy(raw)
+    mine["devices"] = devices_text(device_type, candidate.devices)
     mine["mesh"] = dict(candidate.axes)
     layouts = dict(mine.get("layouts") or {})
     layouts["rules"] = copy.deepcopy(candidate.layout.rules)
@@ -110,8 +130,15 @@ def check(raw: dict, candidate: cands.Candidate, model: Model, budget: Any) -> C
         mesh_lib.check_batch(
             axes, recipe.layouts.data_axis, recipe.data.batch_size, "data.batch_size"
         )
+        if recipe.data.eval_batch_size:
+            mesh_lib.check_batch(
+                axes, recipe.layouts.data_axis, recipe.data.eval_batch_size, "data.eval_batch_size"
+            )
         recipe_lib.check_micro_batch(recipe, axes)
         plans, _ = models.weight_plans(recipe, model.input_shape, model.num_classes, axes, False)
+        xla = mesh_lib.compiles_with_xla(
+            recipe.train.compile, axes, 1, bf16_cpu(recipe, device_type)
+        )
     except UsageError as exc:
         out.rejected = str(exc)
         return out
@@ -132,6 +159,8 @@ def check(raw: dict, candidate: cands.Candidate, model: Model, budget: Any) -> C
         model.input_shape,
         model.num_classes,
         out.memory.activations.total,
+        xla,
+        out.memory.weights + out.memory.gradients + out.memory.optimizer,
     )
     return out
 

@@ -31,6 +31,9 @@ def plan(
     measure: int | None = typer.Option(
         None, "--measure", help="--auto: train each shown candidate K steps and time them."
     ),
+    repeats: int | None = typer.Option(
+        None, "--repeats", help="--measure: runs of each candidate (default 1); their spread."
+    ),
     write: str | None = typer.Option(None, "--write", help="--auto: the chosen as a recipe."),
     plot_file: str | None = typer.Option(None, "--plot", help="--auto: the ranking as a PNG."),
     recalibrate: bool = typer.Option(
@@ -45,7 +48,9 @@ def plan(
     from dtcli import recipe as recipe_lib
 
     budget = memory_lib.budget_from_args(memory)
-    opts = autoplan.options(auto, mesh, top, measure, write, plot_file, as_json, recalibrate)
+    opts = autoplan.options(
+        auto, mesh, top, measure, write, plot_file, as_json, recalibrate, repeats
+    )
     if opts is not None:
         autoplan.run(recipe, overrides(sets, None, devices), opts, budget, console())
         return
