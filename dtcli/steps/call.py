@@ -23,7 +23,8 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     (loss, correct, count) and `applied`, the steps whose loss was finite. Once a loss is not
     finite no later update of the call is applied: the weights kept are the last finite ones.
     A step whose mask is all zero (padding of an epoch's last block) changes nothing. The eval
-    step returns sums over the global batch.
+    step returns sums over the global batch. On a mesh, calling them deletes the DTensor
+    lowerings of the steps an earlier make_steps gave (steps/lowering.py says why).
     """
     import tensorflow as tf
 
