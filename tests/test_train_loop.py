@@ -172,54 +172,42 @@ def test_weights_start_as_on_the_host_and_the_first_call_runs_one_step(cpu8):
     assert int(s.optimizer.iterations.numpy()) == 2 * steps == 90
 
 
-# In a fresh process DTensor's lowering names its first outlined loop body `while_body`, the
-# next `while1_body`, and so on (the names that clashed in the suite: DTENSOR_NOTES). Another
-# function registered under such a name makes that lowering fail as it did there.
-CLASH = """
-    import json
-    from dtcli import devices
-    devices.configure("cpu:2", 2)
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-    from dtcli import recipe as R, session as T, steps as steps_lib
-
-    def take(names):
-        for name in names:
-            fdef = tf.function(lambda x: x * 3.0).get_concrete_function(
-                tf.TensorSpec([], tf.float32)).function_def
-            fdef.signature.name = name
-            context.context().add_function_def(fdef)
-
-    def train():
-        sets = ["data.train_range=[0,64]", "data.batch_size=32", "train.compile=dtensor"]
-        recipe = R.load("recipes/quickstart.yaml", R.Overrides(sets, "batch=2", "cpu:2"))
-        s = T.prepare(recipe, splits=("train",))
-        call, _ = steps_lib.make_steps(s)
-        try:
-            out = steps_lib.train_block(s, call, list(s.train_feed.epoch(0, 0, 2)))
-            return {"loss": out["loss"].tolist(), "applied": out["applied"]}
-        except tf.errors.InvalidArgumentError as exc:
-            return {"error": str(exc).splitlines()[0]}
-
-    take(["while_body", "while1_body"])
-    clashed = train()
-    # The lowerings after it take the next free names, none taken; then all of them are.
-    plain = train()
-    take([f"while{i}_body" for i in range(3, 40)])
-    print(json.dumps([clashed, plain, train()]))
-"""
+def run_of_width(width: int) -> tuple[T.Session, object]:
+    """A run on a 2-device mesh whose train call nests two loops (K=2 steps of 2 micro-batches),
+    its model `width` wide: each a trace and a DTensor lowering of its own."""
+    sets = [
+        "data.train_range=[0,128]",
+        "train.steps_per_call=2",
+        "train.accumulate=2",
+        "model.api=core",
+        "model.layers=null",
+        f"model.hidden=[{width}]",
+    ]
+    recipe = R.load(RECIPES / "quickstart.yaml", R.Overrides([*SETS, *sets], "batch=2", "cpu:8"))
+    s = T.prepare(recipe, splits=("train",), use_devices=2)
+    return s, steps_lib.make_steps(s)[0]
 
 
-def test_a_lowering_that_clashes_by_name_with_an_earlier_one_is_traced_again():
-    """The first two lowerings' loop names taken by other functions: the third trace trains,
-    to the same losses as a lowering that did not clash; every name taken: after four tries
-    the clash is raised."""
-    from conftest import run_python
+def block(s: T.Session, call: object, first: int) -> dict:
+    out = steps_lib.train_block(s, call, list(s.train_feed.epoch(0, first, first + 2)))
+    assert out["applied"] == 2
+    return out
 
-    clashed, plain, refused = run_python(CLASH)
-    assert plain["applied"] == 2
-    assert clashed == plain
-    assert "Cannot add function 'while" in refused["error"]
+
+def test_many_runs_steps_kept_in_one_process_lower_without_a_name_clash(cpu8):
+    """Eight runs' steps kept alive in one process, as a notebook or the suite keeps them, each
+    lowered by DTensor: none clashes by function name with another's lowering (before
+    steps.lowering.MeshSteps most of them took a loop name of a live earlier lowering: "Cannot
+    add function 'while/while1_body' because a different function with the same name already
+    exists"). The first run, whose lowering the later ones released, trains on when called
+    again (traced and lowered anew), to the numbers of a run that never stopped."""
+    runs = [run_of_width(8 + n) for n in range(8)]
+    firsts = [block(s, call, 0) for s, call in runs]
+    s, call = runs[0]
+    again = block(s, call, 2)
+    reference = run_of_width(8)
+    np.testing.assert_array_equal(block(*reference, 0)["loss"], firsts[0]["loss"])
+    np.testing.assert_array_equal(block(*reference, 2)["loss"], again["loss"])
 
 
 @pytest.mark.parametrize(

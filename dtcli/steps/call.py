@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from dtcli import pipeline as pipeline_lib
-from dtcli import tfruntime
 from dtcli.errors import UsageError, one_line
 from dtcli.steps.engine import PER_STEP, Engine, steps_per_call
+from dtcli.steps.lowering import Compiled, MeshSteps
 from dtcli.steps.step import is_measured, per_example, step_at_fn, step_counts, sums
 
 
@@ -23,7 +23,8 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     (loss, correct, count) and `applied`, the steps whose loss was finite. Once a loss is not
     finite no later update of the call is applied: the weights kept are the last finite ones.
     A step whose mask is all zero (padding of an epoch's last block) changes nothing. The eval
-    step returns sums over the global batch.
+    step returns sums over the global batch. On a mesh, calling them deletes the DTensor
+    lowerings of the steps an earlier make_steps gave (steps/lowering.py says why).
     """
     import tensorflow as tf
 
@@ -43,68 +44,12 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     # the loss become a few fused kernels instead of thousands of op launches (see
     # bench/nanogpt.py). DTensor's own jit_compile compiles nothing (DTENSOR_NOTES).
     xla = session.packer.mesh is None
+    # On a mesh the two hold their DTensor lowerings together, one make_steps' at a time.
+    steps = None if xla else MeshSteps()
     return tuple(
-        Relowered(lambda fn=fn: tf.function(fn, autograph=autograph, jit_compile=xla or None))
+        Compiled(lambda fn=fn: tf.function(fn, autograph=autograph, jit_compile=xla or None), steps)
         for fn in (train_call, eval_step)
     )
-
-
-# DTensor's lowering names the functions it outlines from loops and conds after a cache keyed by
-# an op's address, which outlives the op: a later lowering in the same process can reuse a name
-# (`while/while7_body`) that an earlier one registered with another body, and fails. Seen in the
-# test suite, where one process compiles dozens of steps; a run compiles one. A new trace lowers
-# anew, but a trace built on the heap the failed one freed puts its ops at the same addresses
-# and meets the same stale names (seen: three clashes in a row on `while/while6_cond`). So the
-# failed traces and some ballast stay allocated while the step is traced again.
-NAME_CLASH = "because a different function with the same name already exists"
-LOWERING_TRIES = 4
-
-
-class Relowered:
-    """A `tf.function` made by `make()`, made again (a new trace, a new lowering) when calling
-    it fails on a function name clash of DTensor's lowering (at most LOWERING_TRIES calls), or
-    on an unreadable entry of XLA's compile cache (once, the entry deleted). Both fail before
-    anything runs: nothing was updated."""
-
-    def __init__(self, make: Any) -> None:
-        self._make = make
-        self._function = make()
-
-    def __call__(self, *args: Any) -> Any:
-        import tensorflow as tf
-
-        tries, held, dropped = 1, [], False
-        while True:
-            try:
-                return self._function(*args)
-            except tf.errors.InvalidArgumentError as exc:
-                if NAME_CLASH not in str(exc) or tries == LOWERING_TRIES:
-                    raise
-            except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
-                # An entry of XLA's compile cache TensorFlow cannot read fails the compile
-                # before anything runs: dropped, the step is traced and compiled anew (once).
-                if dropped or not tfruntime.drop_unreadable_xla_cache(str(exc)):
-                    raise
-                dropped = True
-                self._function = self._make()
-                continue
-            tries += 1
-            held += [self._function, _ballast(tries)]
-            self._function = self._make()
-
-
-def _ballast(tries: int) -> Any:
-    """A graph of a few thousand nodes, kept while a step is traced again: it takes heap chunks
-    the failed lowering freed, so the new lowering's ops land elsewhere (a different size each
-    try, so each try lands differently)."""
-    import tensorflow as tf
-
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf.constant(0.0)
-        for _ in range(1500 * tries):
-            x = tf.identity(x)
-    return graph
 
 
 def _train_call_fn(session: Engine, language_model: bool) -> Any:
