@@ -42,6 +42,7 @@ from dtcli import rundir, storage
 from dtcli.errors import UsageError
 from dtcli.generate import loop
 from dtcli.generate.loop import pick, restart_keep, window_start  # noqa: F401 - the API
+from dtcli.generate.prompts import DEFAULT_PROMPT, prompt_bytes, read_prompts  # noqa: F401 - the API
 from dtcli.recipe import Overrides, Recipe
 
 # One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
@@ -49,7 +50,6 @@ MAX_TOKENS = 1_000_000
 # Prompts generated together at most (more run in batches of this many): the caches and the
 # window passes grow with the rows.
 MAX_ROWS = 64
-DEFAULT_PROMPT = "\n"
 
 
 @dataclass(frozen=True)
@@ -73,59 +73,6 @@ def check_options(s: Settings) -> None:
         raise UsageError(f"--top-p {s.top_p}: expected a number above 0, at most 1")
     if not 0 <= s.seed < 2**32:
         raise UsageError(f"--seed {s.seed}: expected an integer from 0 to 2**32 - 1")
-
-
-def prompt_bytes(prompt: str | bytes) -> bytes:
-    """The prompt's bytes: bytes that are not UTF-8 (a command line passes them to Python as
-    surrogate escapes, like os.fsencode) stay as given (the byte vocabulary covers any byte)."""
-    if isinstance(prompt, bytes):
-        return prompt
-    try:
-        return prompt.encode("utf-8", errors="surrogateescape")
-    except UnicodeEncodeError as exc:
-        raise UsageError(f"--prompt: {exc.reason} at character {exc.start + 1}") from None
-
-
-def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[bytes]:
-    """The prompts of --prompt (repeated; default one newline) or of --prompts FILE (UTF-8 text,
-    one a line, without its line end; blank lines skipped), as bytes."""
-    if prompts and prompts_file is not None:
-        raise UsageError("--prompts: give the prompts with --prompt or with --prompts, not both")
-    if prompts_file is None:
-        texts = prompts or [DEFAULT_PROMPT]
-        if not all(texts):
-            raise UsageError("--prompt: expected at least one character")
-        return [prompt_bytes(p) for p in texts]
-    try:
-        data = storage.as_path(prompts_file).read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise UsageError(f"--prompts {prompts_file!r}: cannot read it ({reason})") from None
-    lines = [line.removesuffix(b"\r") for line in data.split(b"\n")]
-    _check_text(prompts_file, lines)
-    found = [line for line in lines if line.strip()]
-    if not found:
-        raise UsageError(f"--prompts {prompts_file!r}: holds no prompt (one a line)")
-    return found
-
-
-def _check_text(prompts_file: str, lines: list[bytes]) -> None:
-    """A prompts file is UTF-8 text: a binary file (an image, a checkpoint's shard, a zip)
-    given by mistake would otherwise become thousands of prompts of noise. (A prompt of any
-    bytes can still be given with --prompt.)"""
-    for number, line in enumerate(lines, 1):
-        if b"\0" in line:
-            problem = "a NUL byte"
-        else:
-            try:
-                line.decode("utf-8")
-                continue
-            except UnicodeDecodeError as exc:
-                problem = f"byte 0x{line[exc.start]:02x}"
-        raise UsageError(
-            f"--prompts {prompts_file!r}: not UTF-8 text ({problem} on line {number}); "
-            "expected a text file of prompts, one a line"
-        )
 
 
 @dataclass
