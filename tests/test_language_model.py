@@ -396,6 +396,8 @@ def test_an_lm_run_prints_plain_progress_its_size_its_best_and_a_late_ctrl_c_is_
     resumed = run_cli("train", "--resume", out, "--set", "train.steps=16", "--no-progress")
     assert resumed.code == 0, resumed.err
     assert R.load(out / "recipe.yaml").train.steps == 16
+    # each evaluation's line counts steps of the new total (from 10, eval_every 4: 12 and 16)
+    assert re.findall(r"^step (\d+)/(\d+) loss ", resumed.err, re.M) == [("12", "16"), ("16", "16")]
     evaluated = run_cli("eval", out, "--no-progress", "--json")
     assert evaluated.code == 0, evaluated.err
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import RECIPES, run_cli, run_here
+from conftest import RECIPES, run_cli, run_here, write_corpus
 
 from dtcli.layout import WeightInfo, plan_weights
+from dtcli.models import transformer
 from dtcli.plan import Report
+from dtcli.recipe import TransformerConfig
 
 TP = str(RECIPES / "mnist_mlp_tensor_parallel.yaml")
 
@@ -78,14 +80,16 @@ def test_plan_rejects_a_sharded_convolution_kernel_before_any_work(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_plan_of_every_shipped_recipe_matches_the_live_shards():
+def test_plan_of_every_shipped_recipe_matches_the_live_shards(tmp_path):
     """For each recipe: the table renders, and the bytes it reports per weight, parameters and
     optimizer slots equal the sizes of the live shards on device 0 (`dtensor.unpack`); its
     memory plan's weights, gradients and optimizer state (slots and scalars) those on every
-    device."""
+    device. A GPT is built shrunk, each of its weights laid out as at the recipe's own size
+    (that plan by arithmetic: gpt_fsdp_tp's 8 blocks 512 wide are checked below)."""
+    corpus = write_corpus(tmp_path / "corpus.txt", 20_000)
     result = run_here(
         f"""
-        import io, json
+        import copy, io, json
         from pathlib import Path
         from rich.console import Console
         import tensorflow as tf
@@ -105,12 +109,22 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
                                    eval_count=64)
             if raw["devices"] == "cpu:1":  # this process has 8 CPUs: the same model on them
                 raw.update(devices="cpu:8", mesh={{"batch": 4, "model": 2}})
+            # The standard library's sources (MBs) only to train a BPE's merges: a small text
+            # gives the same shapes (the same vocabulary for both the plan and the build).
+            if raw["data"]["source"] == "text" and not raw["data"].get("path"):
+                raw["data"]["path"] = "{corpus}"
             # A GPT's blocks are alike (a rule matches block_0's weights as it does block_7's):
-            # 2 blocks at the recipe's own widths hold every kind of weight and its sharding,
-            # at a fraction of the cost (gpt_fsdp_tp has 8 blocks 512 wide).
-            blocks = raw["model"].get("transformer") or {{}}
-            if blocks.get("layers", 0) > 2:
-                blocks["layers"] = 2
+            # 2 blocks 128 wide hold every kind of weight, at a fraction of the cost of
+            # gpt_fsdp_tp's 8 blocks 512 wide. Its plan at the recipe's own size (arithmetic,
+            # nothing built) gives each weight the layout the shrunk one gets (asserted below).
+            blocks = raw["model"].get("transformer")
+            full = None
+            if blocks:
+                report = P.make_report(R.from_mapping(copy.deepcopy(raw))).to_json()
+                full = {{"totals": report["totals_bytes"], "transformer": dict(blocks),
+                        "sharding": {{w["path"]: w["sharding"] for w in report["weights"]}}}}
+                blocks.update(layers=min(blocks["layers"], 2),
+                              d_model=min(blocks["d_model"], 128))
             recipe = R.from_mapping(raw)
             report = P.make_report(recipe)
             text = io.StringIO()
@@ -126,6 +140,8 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
             out[path.stem] = {{
                 "planned": {{w["path"]: w["bytes_per_device"]
                             for w in report.to_json()["weights"]}},
+                "sharding": {{w["path"]: w["sharding"] for w in report.to_json()["weights"]}},
+                "full": full,
                 "live": live,
                 "totals": report.totals(),
                 "slot_bytes": slot_bytes,
@@ -155,8 +171,21 @@ def test_plan_of_every_shipped_recipe_matches_the_live_shards():
         assert r["totals"]["optimizer_slots"]["per_device"] == r["slot_bytes"], name
         for item, live in r["live_memory"].items():
             assert live == [r["memory"][item]] * 8, (name, item)
+        if r["full"] is not None:  # built shrunk: every weight laid out as at full size
+            assert {p: r["full"]["sharding"][p] for p in r["sharding"]} == r["sharding"], name
     tp = result["mnist_mlp_tensor_parallel"]["totals"]["parameters"]
     assert tp["per_device"] / tp["replicated"] == pytest.approx(1 / 8, abs=0.002)
+    # gpt_fsdp_tp at its own size, by arithmetic: 25.4 M parameters, each device 1/8 of them
+    # (FSDP x tensor parallel; only the LayerNorms' 1/4, a few thousand) and of AdamW's slots.
+    full = result["gpt_fsdp_tp"]["full"]
+    cfg = TransformerConfig(**full["transformer"])
+    assert (cfg.layers, cfg.d_model) == (8, 512)
+    totals = full["totals"]
+    assert totals["parameters"]["replicated"] == 4 * transformer.parameters(cfg, 256)
+    assert totals["parameters"]["per_device"] / totals["parameters"]["replicated"] == (
+        pytest.approx(1 / 8, abs=1e-4)
+    )
+    assert totals["optimizer_slots"]["per_device"] == 2 * totals["parameters"]["per_device"]
 
 
 @pytest.mark.parametrize(

@@ -463,10 +463,8 @@ def test_non_finite_loss_stops_loudly_and_saves_nothing_bad(tmp_path):
     assert not rundir.complete_checkpoints(out)
 
 
-def test_plot_overlays_two_runs(run4, tmp_path):
-    other = tmp_path / "other"
-    train(QUICK, "--epochs", "2", "--set", "optimizer.learning_rate=1e-3", "--out", other)
-    proc = run_cli("plot", run4, other, "--out", tmp_path / "plots")
+def test_plot_overlays_two_runs(run4, run2, tmp_path):
+    proc = run_cli("plot", run4, run2, "--out", tmp_path / "plots")
     assert proc.returncode == 0, proc.stderr
     written = proc.stdout.split()
     assert [os.path.basename(p) for p in written] == ["loss.png", "accuracy.png", "step_loss.png"]
