@@ -339,6 +339,26 @@ def test_an_unexpected_error_is_one_line_and_only_without_debug_asks_for_it(
     assert ("Traceback" in r.stderr) == debug
 
 
+def test_a_ctrl_c_that_tensorflow_wraps_in_a_system_error_is_a_ctrl_c(monkeypatch, cli):
+    """A Ctrl-C raised while TensorFlow's C++ calls back into Python (a tensor's __array__)
+    reaches the command as a SystemError caused by the KeyboardInterrupt (one-device generate
+    went 'unexpected', exit 1): it says interrupted and exits 130, as any Ctrl-C."""
+    from dtcli import plan as plan_lib
+
+    def interrupted_in_c(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError(
+                "<built-in method __array__> returned a result with an exception set"
+            ) from exc
+
+    monkeypatch.setattr(plan_lib, "make_report", interrupted_in_c)
+    r = cli("plan", RECIPES / "quickstart.yaml")
+    assert r.returncode == 130, r.stderr
+    assert "unexpected" not in r.stderr and "SystemError" not in r.stderr
+
+
 def test_a_ctrl_c_while_the_command_line_imports_says_interrupted_and_exits_130(
     monkeypatch, capsys
 ):

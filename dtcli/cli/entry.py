@@ -89,6 +89,8 @@ def command_line(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        if _interrupted(exc):
+            return fail(printed(KeyboardInterrupt()), INTERRUPTED_EXIT)
         hint = "its traceback is above" if debug else "run again with --debug for the traceback"
         return fail(f"{printed(exc)} (unexpected; {hint})", 1)
     if code == INTERRUPTED_EXIT:
@@ -96,6 +98,19 @@ def command_line(argv: list[str] | None = None) -> int:
         # import, the session's build) into a silent return of 130.
         print(printed(KeyboardInterrupt()), file=sys.stderr)
     return code if isinstance(code, int) else 0
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C raised while TensorFlow's C++ called back into Python (a tensor's `__array__`)
+    comes back as a SystemError ("returned a result with an exception set") caused by the
+    KeyboardInterrupt: it is the user's Ctrl-C all the same (seen in one-device generate)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def main() -> None:
