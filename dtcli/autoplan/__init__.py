@@ -133,7 +133,9 @@ def run(
     err = progress_lib.stderr_console()
     raw = recipe_lib.read_with_overrides(recipe_path, overrides)
     base = recipe_lib.from_mapping(raw)
-    devices = devices_lib.configure(base.devices, mesh_lib.device_count_for(base.mesh))
+    devices = devices_lib.configure(
+        base.devices, mesh_lib.device_count_for(base.mesh), devices_lib.key_for(overrides.devices)
+    )
     model = search.describe_model(base)
     found = search.enumerate_for(base, model, devices.count, devices.device_type)
     checked = search.merge_equal(

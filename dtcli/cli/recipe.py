@@ -45,6 +45,7 @@ def plan(
     """Show where every weight lives on the mesh and what each device holds; trains nothing.
     With --auto: the meshes and layouts that fit, ranked by a calibrated cost model."""
     from dtcli import autoplan
+    from dtcli import devices as devices_lib
     from dtcli import memory as memory_lib
     from dtcli import plan as plan_lib
     from dtcli import recipe as recipe_lib
@@ -57,7 +58,7 @@ def plan(
         autoplan.run(recipe, overrides(sets, None, devices), opts, budget, console())
         return
     loaded = recipe_lib.load(recipe, overrides(sets, mesh, devices))
-    report = plan_lib.make_report(loaded, budget)
+    report = plan_lib.make_report(loaded, budget, devices_lib.key_for(devices))
     if as_json:
         import json
 
