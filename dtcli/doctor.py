@@ -275,10 +275,15 @@ def _probe_recipe(api: str, optimizer: str, devices: devices_lib.Devices) -> Any
 
 @contextlib.contextmanager
 def _doing(console: Any, what: str) -> Iterator[None]:
-    """`what` doctor does next, said as it starts (a probe compiles for seconds), and said again
-    every BEAT_EVERY seconds it lasts where the output is no terminal. No console: silent."""
+    """`what` doctor does next (a probe compiles for seconds): at a terminal a spinner that goes
+    when it is done (the table follows: no line is left above it); elsewhere a line as it
+    starts, and again every BEAT_EVERY seconds it lasts. No console: silent (--no-progress)."""
     if console is None:
         yield
+        return
+    if console.is_terminal:
+        with console.status(f"doctor: {what}...", spinner="line"):
+            yield
         return
     console.print(f"doctor: {what}...", markup=False, highlight=False)
     with progress_lib.Heartbeat(console, f"doctor: {what}") as beat:

@@ -146,15 +146,24 @@ class Report:
         }
 
 
-def make_report(recipe: Recipe, budget: memory_lib.Budget = memory_lib.NO_BUDGET) -> Report:
+def make_report(
+    recipe: Recipe,
+    budget: memory_lib.Budget = memory_lib.NO_BUDGET,
+    devices_key: str | None = None,
+) -> Report:
     """Resolve the mesh against the devices and plan every weight (errors as `train` gives),
     and the memory each device needs against `budget` (none given: the device's own memory,
-    where TensorFlow reports it)."""
+    where TensorFlow reports it). `devices_key`: how errors name the devices
+    (devices.key_for: --devices where the command line gave them)."""
     from dtcli import data as data_lib
     from dtcli import devices as devices_lib
     from dtcli import models
 
-    devices = devices_lib.configure(recipe.devices, mesh_lib.device_count_for(recipe.mesh))
+    devices = devices_lib.configure(
+        recipe.devices,
+        mesh_lib.device_count_for(recipe.mesh),
+        devices_key or devices_lib.RECIPE_KEY,
+    )
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
     data_axis = recipe.layouts.data_axis
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")

@@ -5,7 +5,9 @@ checkpoints) are never broken or cut, since they are what a user copies and grep
 wraps at spaces, and a path in it only after a '/'; other values are cut with an ellipsis; and
 when even that does not fit, the columns marked droppable go first. Where a table with prose
 still does not fit side by side (doctor's 47-character flag names beside a path at 80 columns),
-each row is stacked instead: its other cells whole on one line, its prose wrapped below it.
+each row is stacked instead: its other cells whole on one line, its prose wrapped below it;
+where even that line does not fit (40 columns), its values lead and its names follow, on the
+next line where a name is too long to follow them.
 Anywhere else (a pipe, a file) the table is plain text, complete, one row a line, with no box
 and no colour, so `grep` and `head` see whole rows.
 """
@@ -187,32 +189,51 @@ def _print_stacked(
     caption: str | None,
 ) -> None:
     """Each row's cells but its prose on one line, whole and aligned; its prose below it,
-    indented, wrapped at spaces and after a '/' (see the module docstring)."""
+    indented, wrapped at spaces and after a '/' (see the module docstring). Where that line
+    does not fit (doctor's 47-character flag names at 40 columns), the values lead, aligned,
+    and the names follow them: on the same line where both fit, else on the next."""
     from rich.text import Text
 
     prose = _prose(columns, keep)
     heads = [i for i in keep if i not in prose]
     widths = {i: max([len(columns[i].header), *(len(r[i]) for r in rows)]) for i in heads}
     room = max(console.width - len(_STACKED_INDENT), 1)
+    if sum(widths.values()) + 2 * (len(heads) - 1) > console.width:
+        heads = [i for i in heads if columns[i].kind != "name"] + [
+            i for i in heads if columns[i].kind == "name"
+        ]
 
-    def head_line(cells: dict[int, str], style: str = "") -> Any:
-        line = Text(style=style)
+    def cell(cells: dict[int, str], i: int) -> str:
+        if columns[i].kind == "name" and i == heads[-1]:
+            return cells[i]  # nothing follows it: no padding
+        return cells[i].rjust(widths[i]) if columns[i].right else cells[i].ljust(widths[i])
+
+    def head_lines(cells: dict[int, str], style: str = "") -> list[Any]:
+        lines = [Text(style=style)]
         for n, i in enumerate(heads):
-            cell = cells[i].rjust(widths[i]) if columns[i].right else cells[i].ljust(widths[i])
-            line.append(("  " if n else "") + cell, style=columns[i].styles.get(cells[i], ""))
-        line.rstrip()
-        return line
+            text = cell(cells, i)
+            line = lines[-1]
+            if n and len(line.plain.rstrip()) + 2 + len(text.rstrip()) > console.width:
+                lines.append(Text(style=style))  # a name too long to follow the values
+            elif n:
+                line.append("  ")
+            lines[-1].append(text, style=columns[i].styles.get(cells[i], ""))
+        for line in lines:
+            line.rstrip()
+        return lines
 
     def say(text: Any) -> None:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     if title:
         say(title)
-    say(head_line({i: columns[i].header for i in heads}, style="bold"))
+    for line in head_lines({i: columns[i].header for i in heads}, style="bold"):
+        say(line)
     for i in prose:
         say(Text(_STACKED_INDENT + columns[i].header, style="bold"))
     for row in rows:
-        say(head_line({i: row[i] for i in heads}))
+        for line in head_lines({i: row[i] for i in heads}):
+            say(line)
         for i in prose:
             for line in wrap_prose(row[i], room):
                 say(_STACKED_INDENT + line)

@@ -5,11 +5,13 @@ tests/test_bad_inputs.py, its measured figures in docs/meshes-and-layouts.md."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
+from conftest import RECIPES, StampedStream
 
 from dtcli import autoplan
 from dtcli import layout as layout_lib
@@ -26,7 +28,8 @@ FSDP_TP = RECIPES / "gpt_fsdp_tp.yaml"
 
 
 def _search(path: Path, sets: tuple[str, ...] = (), budget=memory_lib.NO_BUDGET, count=8):
-    raw = recipe_lib.Overrides(sets, devices=f"cpu:{count}").apply(recipe_lib.read_raw(path))
+    overrides = recipe_lib.Overrides(sets, devices=f"cpu:{count}")
+    raw = recipe_lib.read_with_overrides(path, overrides)  # as autoplan.run reads the recipe
     base = recipe_lib.from_mapping(raw)
     model = search.describe_model(base)
     found = search.enumerate_for(base, model, count)
@@ -294,6 +297,10 @@ def test_measure_repeats_round_by_round_and_says_what_it_does(tmp_path):
     assert "measured 3/9: fsdp on z (run 1 of 3): failed" in lines
     assert "measured 5/9: dp on y (run 2 of 3): 7.0 ms a step" in lines  # 4/9: bad, skipped
     assert lines[-1] == "measured 8/9: dp on y (run 3 of 3): 6.0 ms a step"
+    quiet = io.StringIO()  # --no-progress: the same runs, nothing said
+    calls.clear()
+    got = measure.measure_all(jobs[:1], 5, 1, Console(file=quiet), 1.0, fake, progress=False)
+    assert calls == ["a"] and got[0].runs_ms == [30.0] and quiet.getvalue() == ""
 
 
 @pytest.mark.parametrize(
@@ -362,3 +369,72 @@ def test_absolute_paths_leaves_urls_names_and_absolute_paths_alone(tmp_path, mon
         "tokenizer": str(tmp_path / "tok" / "tokenizer.json")
     }
     assert report.absolute_paths({"tokenizer": {"train": "bpe"}}) == {}
+
+
+def _fake_rates() -> cost.Calibration:
+    rates = cost.Rates(1e10, {2: 1e-5, 8: 1e-5}, {2: 1e9, 8: 1e9}, 1e-6, 1e10)
+    return cost.Calibration({1: rates, 2: rates, 4: rates, 8: rates}, xla=rates)
+
+
+def test_a_set_model_build_is_found_beside_the_recipe_by_the_search_and_the_written_recipe(
+    cli, tmp_path, monkeypatch
+):
+    """`--set model.build=custom_models:...` names a module beside the recipe, as it does for
+    train and plain plan; --auto's candidates lost that folder ("No module named
+    'custom_models'" from any other folder), and --write's recipe, read elsewhere, would look
+    beside itself. --plot says what it wrote, as --write does; --no-progress says nothing as it
+    goes (the fake probe's line included)."""
+    monkeypatch.setenv(calibrate.CACHE_ENV, str(tmp_path / "cache"))
+    said = []
+
+    def probe(device_type, count, say):
+        said.append(say("calibrating: a mesh of 8 devices"))
+        return _fake_rates()
+
+    monkeypatch.setattr(calibrate, "probe", probe)
+    # the module importable only from the recipe's folder, as in a fresh process
+    monkeypatch.delitem(sys.modules, "custom_models", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".") != RECIPES])
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    sets = ["--set", "model.layers=null", "--set", "model.build=custom_models:functional_mlp"]
+    args = ["--write", out / "auto.yaml", "--plot", out / "rank.png", "--no-progress"]
+    r = cli("plan", RECIPES / "quickstart.yaml", "--auto", "--devices", "cpu:8", "--recalibrate",
+            *sets, *args, cwd=work)  # fmt: skip
+    assert r.code == 0, r.err
+    assert said == [None] and r.err == ""  # probed, silently
+    lines = r.out.splitlines()
+    assert f"wrote {out / 'rank.png'}" in lines and (out / "rank.png").stat().st_size > 0
+    assert lines[-1] == f"wrote {out / 'auto.yaml'}: dtcli train {out / 'auto.yaml'}"
+    written = recipe_lib.load(out / "auto.yaml")
+    assert written.model.build == "custom_models:functional_mlp"
+    assert written.model.build_path == str(RECIPES)
+
+
+def test_a_calibration_says_each_probe_and_beats_while_one_lasts(tmp_path, monkeypatch):
+    """Into a pipe, a probe of 13-19 s (a mesh of 8 virtual CPUs) was silent after its
+    line: now a heartbeat (here every 0.05 s) names it until the next one starts."""
+    from rich.console import Console
+
+    from dtcli import progress
+
+    monkeypatch.setenv(calibrate.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(calibrate, "device_kind", lambda device_type, count: "fake:8")
+    monkeypatch.setattr(progress, "BEAT_EVERY", 0.05)
+    err = StampedStream()
+    heard = []
+
+    def probe(device_type, count, say):
+        for what in ("calibrating: a mesh of 8 devices", "calibrating: one device by XLA"):
+            say(what)
+            heard.append(err.wait_for(1, f"{what}... "))  # the probe blocks: a beat comes
+        return _fake_rates()
+
+    monkeypatch.setattr(calibrate, "probe", probe)
+    rates, fresh = calibrate.rates_for("CPU", 8, Console(file=err, soft_wrap=True), True)
+    assert fresh and rates == _fake_rates() and heard == [True, True]
+    said = [line for line in err.getvalue().splitlines() if "... " not in line]  # no beats
+    assert said[0].startswith("calibrating the cost model on cpu:8 (once; cached in ")
+    assert said[1:] == ["calibrating: a mesh of 8 devices", "calibrating: one device by XLA"]
+    assert calibrate.load_cached("fake:8") == rates

@@ -1032,6 +1032,13 @@ CASES: dict[str, Case] = {
     ),
     "auto bad memory": c("plan", "{q}", "--auto", "--memory", "lots", expect="--memory 'lots'"),
     "auto unknown devices": c("plan", "{q}", "--auto", "--devices", "npu:8", expect="--devices"),
+    # named as the user gave them, as train does (plan said "recipe key 'devices' = ...")
+    "auto devices option more gpus than there are": c(
+        "plan", "{q}", "--auto", "--devices", "gpu:64", expect="error: --devices 'gpu:64': "
+    ),
+    "plan devices option more gpus than there are": c(
+        "plan", "{q}", "--devices", "gpu:64", expect="error: --devices 'gpu:64': "
+    ),
     "auto budget under every candidate": c(
         "plan", "{q}", "--auto", "--memory", "1KiB", expect="no candidate fits; the smallest"
     ),

@@ -5,7 +5,9 @@ refuses to run with that flag."""
 from __future__ import annotations
 
 import errno
+import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +139,57 @@ def test_doctor_says_where_the_xla_cache_is_and_what_it_holds(monkeypatch, tmp_p
     check = doctor_lib._xla_cache()
     assert check.status == "FAIL" and "(No such file or directory)" in check.detail
     assert check.detail.startswith(f"environment DTCLI_XLA_CACHE={unmakeable}: cannot keep")
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows once `text` is written to it: carriage returns, rich's
+    cursor-up and erase-line applied (a transient status erases itself), other control
+    sequences dropped."""
+    rows, y, x = [""], 0, 0
+    for token in re.split(r"(\x1b\[[0-9;?]*[A-Za-z]|\r|\n)", text):
+        if token == "\n":
+            y, x = y + 1, 0
+            rows += [""] * (y + 1 - len(rows))
+        elif token == "\r":
+            x = 0
+        elif token == "\x1b[1A":
+            y = max(y - 1, 0)
+        elif token == "\x1b[2K":
+            rows[y] = ""
+        elif token and not token.startswith("\x1b"):
+            rows[y] = rows[y][:x].ljust(x) + token + rows[y][x + len(token) :]
+            x += len(token)
+    return [row for row in rows if row.strip()]
+
+
+def test_doctor_says_what_it_does_into_a_pipe_and_leaves_no_line_at_a_terminal(cpu8):
+    """Into a pipe, a plain line as each step starts (a log shows where it is); at a terminal a
+    status that goes when the step is done: 8 permanent lines used to stand above the table."""
+    from rich.console import Console
+
+    from dtcli import doctor as doctor_lib
+
+    piped, shown = io.StringIO(), io.StringIO()
+    doctor_lib.run("cpu:8", probe=False, console=Console(file=piped))
+    assert piped.getvalue().splitlines() == ["doctor: starting TensorFlow..."]
+    terminal = Console(file=shown, force_terminal=True, width=80)
+    doctor_lib.run("cpu:8", probe=False, console=terminal)
+    assert "doctor: starting TensorFlow..." in shown.getvalue()  # shown while it lasts...
+    assert screen(shown.getvalue()) == []  # ... and gone before the table
+
+
+def test_no_progress_leaves_doctor_nothing_to_say_as_it_goes(cli, monkeypatch):
+    """`dtcli doctor --no-progress` was refused ("No such option") while docs/cli.md named it."""
+    from dtcli import doctor as doctor_lib
+
+    consoles = []
+
+    def run(spec=None, probe=True, console=None):
+        consoles.append(console)
+        return [doctor_lib.Check("versions", True, "tensorflow")]
+
+    monkeypatch.setattr(doctor_lib, "run", run)
+    quiet, said = cli("doctor", "--no-progress"), cli("doctor")
+    assert quiet.code == said.code == 0, quiet.err
+    assert consoles[0] is None and consoles[1] is not None  # where doctor says it: nowhere
+    assert "versions" in quiet.out and quiet.err == ""

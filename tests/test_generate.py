@@ -231,8 +231,8 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
     calls = []
 
     class Stub:
-        def __init__(self, path, mesh=None, devices=None, sets=()):
-            calls.append((path, mesh, sets))
+        def __init__(self, path, mesh=None, devices=None, sets=(), progress=True):
+            calls.append((path, mesh, sets, progress))
 
     monkeypatch.setattr(generate, "Generator", Stub)
     monkeypatch.setattr(
@@ -252,11 +252,13 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
         "train.compile=dtensor",
     )
     assert r.code == 0, r.err
-    assert calls[0] == ("R", None, ("train.compile=dtensor",)) and calls[1][0] == [b"a", b"b"]
+    assert calls[0] == ("R", None, ("train.compile=dtensor",), True)
+    assert calls[1][0] == [b"a", b"b"]
     assert calls[1][1] == generate.Settings(200, 1.0, None, 0.5, 0, cache=False)
     (tmp_path / "p.txt").write_bytes("one\r\n\n  \ntwo é\n".encode())
-    assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt").code == 0
+    assert run_cli("generate", "R", "--prompts", tmp_path / "p.txt", "--no-progress").code == 0
     assert calls[-1][0] == [b"one", "two é".encode()] and calls[-1][1].cache
+    assert calls[-2] == ("R", None, (), False)  # --no-progress: no heartbeat (was refused)
 
 
 def test_the_rate_line_of_a_short_request_has_no_steady_rate():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from dtcli import doctor
@@ -134,6 +135,29 @@ def test_doctor_at_80_columns_keeps_the_status_whole_and_breaks_a_path_only_afte
     assert any("┃ status ┃" in line for line in lines) and "…" not in text.getvalue()
     assert CACHE not in text.getvalue()  # 56 characters in a 37-wide column: broken...
     _path_whole_or_broken_after_a_slash(lines, CACHE)  # ... after a '/' (rich: anywhere)
+
+
+@pytest.mark.parametrize("width", [40, 30])
+def test_doctor_narrower_than_a_name_and_its_status_puts_the_status_first_or_above_it(
+    width, monkeypatch
+):
+    """At 40 columns the stacked rows were 55 characters wide (a 47-character name, then its
+    status), so the status wrapped onto a line of its own under the name. Now the status leads,
+    aligned: beside the name where both fit, else on the line above it. A name longer than the
+    terminal is the one line over the width: names are never broken."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    text = io.StringIO()
+    doctor.render(DOCTOR_CHECKS, Console(file=text, force_terminal=True, color_system=None))
+    lines = text.getvalue().splitlines()
+    names = {check.name for check in DOCTOR_CHECKS}
+    assert all(len(line) <= width or line in names for line in lines), lines
+    assert lines[1].split() == ["status", "check"]
+    for check in DOCTOR_CHECKS:
+        beside = [check.status, check.name] in [line.split() for line in lines]
+        above = any(a == check.status and b == check.name for a, b in zip(lines, lines[1:]))
+        assert beside != above, check.name  # one or the other
+        assert beside == (len(check.status.ljust(6)) + 2 + len(check.name) <= width)
+    _path_whole_or_broken_after_a_slash(lines, CACHE)
 
 
 def test_prose_breaks_at_spaces_and_a_long_path_after_a_slash():

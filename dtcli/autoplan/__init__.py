@@ -23,6 +23,7 @@ from typing import Any
 
 from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
+from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli.autoplan import report as report_lib
 from dtcli.autoplan import search
@@ -42,6 +43,7 @@ class AutoOptions:
     plot: Path | None = None
     as_json: bool = False
     recalibrate: bool = False
+    progress: bool = True  # what it does as it goes, on stderr (--no-progress: nothing)
 
 
 def options(
@@ -54,6 +56,7 @@ def options(
     as_json: bool,
     recalibrate: bool,
     repeats: int | None = None,
+    progress: bool = True,
 ) -> AutoOptions | None:
     """The command line's --auto options, each refused in one line naming it; None without
     --auto (then none of its options may be given)."""
@@ -91,6 +94,7 @@ def options(
         _new_file(plot, "--plot", (".png",)),
         as_json,
         recalibrate,
+        progress,
     )
 
 
@@ -126,10 +130,12 @@ def run(
     from dtcli.autoplan import calibrate
     from dtcli.autoplan.cost import predict
 
-    err = _stderr_console()
-    raw = overrides.apply(recipe_lib.read_raw(recipe_path))
+    err = progress_lib.stderr_console()
+    raw = recipe_lib.read_with_overrides(recipe_path, overrides)
     base = recipe_lib.from_mapping(raw)
-    devices = devices_lib.configure(base.devices, mesh_lib.device_count_for(base.mesh))
+    devices = devices_lib.configure(
+        base.devices, mesh_lib.device_count_for(base.mesh), devices_lib.key_for(overrides.devices)
+    )
     model = search.describe_model(base)
     found = search.enumerate_for(base, model, devices.count, devices.device_type)
     checked = search.merge_equal(
@@ -137,7 +143,7 @@ def run(
     )
     search.refuse_if_none_fits(checked, budget)
     rates, fresh = calibrate.rates_for(
-        devices.device_type, devices.count, opts.recalibrate, _say(err)
+        devices.device_type, devices.count, err, opts.recalibrate, opts.progress
     )
     for c in checked:
         if c.workload is not None:
@@ -198,11 +204,8 @@ def _give_back(
         from dtcli.autoplan import figure
 
         figure.plot(rows, chosen, opts.plot, title)
-
-
-def _say(console: Any) -> Any:
-    """One plain line on `console` (stderr): what a long step is doing."""
-    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
+        if not opts.as_json:
+            console.print(f"wrote {opts.plot}", highlight=False)
 
 
 def _measure(
@@ -224,16 +227,12 @@ def _measure(
         warmup = r.recipe.optimizer.warmup_steps if r.recipe is not None else 0
         jobs.append((search.label(r.candidate), text, warmup or 0))
     timeout = float(os.environ.get(measure.TIMEOUT_ENV, "1800"))
-    timings = measure.measure_all(jobs, opts.measure, opts.repeats, console, timeout)
+    timings = measure.measure_all(
+        jobs, opts.measure, opts.repeats, console, timeout, progress=opts.progress
+    )
     for r, timing in zip(todo, timings):
         r.measured_runs_ms, r.measure_error = timing.runs_ms, timing.error
         r.measured_ms = timing.median_ms
-
-
-def _stderr_console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 def _sets_mapping(overrides: recipe_lib.Overrides) -> dict:

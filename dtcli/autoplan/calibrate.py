@@ -30,6 +30,7 @@ from typing import Any
 from dtcli import cpuinfo
 from dtcli.autoplan.cost import Calibration, Rates
 from dtcli.errors import UsageError
+from dtcli.progress import Heartbeat
 from dtcli.tfruntime import CACHE_ROOT_ENV, cache_root
 
 CACHE_ENV = CACHE_ROOT_ENV
@@ -97,17 +98,31 @@ def store(kind: str, rates: Calibration) -> Path:
 
 
 def rates_for(
-    device_type: str, count: int, recalibrate: bool = False, say: Callable[[str], None] = print
+    device_type: str,
+    count: int,
+    console: Any,
+    recalibrate: bool = False,
+    progress: bool = True,
 ) -> tuple[Calibration, bool]:
-    """The cached rates of these devices, or a fresh probe's (then cached; `say` tells what it
-    is doing as it goes); and whether they were measured now."""
+    """The cached rates of these devices, or a fresh probe's (then cached); and whether they
+    were measured now. A probe says on `console` (stderr) what it measures as each part starts
+    and, where that is no terminal, again every BEAT_EVERY seconds it lasts (a mesh of 8
+    virtual CPUs on 2 cores takes 15 s: a log must not go silent); `progress` False: nothing."""
     kind = device_kind(device_type, count)
     cached = None if recalibrate else load_cached(kind)
     if cached is not None:
         return cached, False
     where = f"{device_type.lower()}:{count}"
-    say(f"calibrating the cost model on {where} (once; cached in {cache_path()})")
-    rates = probe(device_type, count, say)
+    with Heartbeat(console, "calibrating", on=progress) as beat:
+
+        def say(text: str) -> None:
+            if progress:
+                beat.now(text)  # the heartbeat's clock counts this part's seconds
+                beat.heard()
+                console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+        say(f"calibrating the cost model on {where} (once; cached in {cache_path()})")
+        rates = probe(device_type, count, say)
     store(kind, rates)
     return rates, True
 

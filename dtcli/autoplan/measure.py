@@ -117,14 +117,15 @@ def measure_all(
     console: Any,
     timeout: float,
     measure: Callable[..., tuple[float | None, str | None]] = measure_one,
+    progress: bool = True,
 ) -> list[Timing]:
     """Measure each (label, recipe text, warmup steps) `repeats` times, a round over every
     job at a time (every other round in reverse order), saying on `console` what it is doing
     as it goes: a bar on a terminal, else a plain line when a run starts, every HEARTBEAT
-    seconds while it runs and when it ends."""
+    seconds while it runs and when it ends; `progress` False: nothing."""
     out = [Timing() for _ in jobs]
     runs = len(jobs) * repeats
-    with _Say(console, runs) as say:
+    with _Say(console, runs, progress) as say:
         for r in range(repeats):
             # every other round backwards: load that grows or fades over the rounds falls on
             # the first and the last candidates alike
@@ -150,15 +151,16 @@ def measure_all(
 
 class _Say:
     """What measure_all says: a rich bar with the run's label on a terminal, plain lines
-    elsewhere (a log shows what it is doing and that it is alive)."""
+    elsewhere (a log shows what it is doing and that it is alive); nothing where `on` is
+    False (--no-progress)."""
 
-    def __init__(self, console: Any, total: int):
-        self.console, self.total = console, total
+    def __init__(self, console: Any, total: int, on: bool = True):
+        self.console, self.total, self.on = console, total, on
         self.bar = None
         self.what = ""
 
     def __enter__(self) -> _Say:
-        if self.console.is_terminal:
+        if self.on and self.console.is_terminal:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -184,7 +186,8 @@ class _Say:
             self.bar.__exit__(*exc)
 
     def _line(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        if self.on:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def start(self, what: str) -> None:
         self.what = what

@@ -211,9 +211,10 @@ def recipe_text(
 ) -> str:
     """The candidate as a recipe over `base` (the recipe --auto searched, its path relative to
     `out_dir`, where the file will be, as `base:` is read; None: absolute): the command line's
-    --set values, every relative data path made absolute, the candidate's devices, the mesh and
-    the layouts. `mesh` and `layouts.rules` replace the base's whole (recipe.files), so none of
-    the base's own rules is left over."""
+    --set values, every relative data path made absolute, the folder a --set model.build is
+    imported from, the candidate's devices, the mesh and the layouts. `mesh` and
+    `layouts.rules` replace the base's whole (recipe.files), so none of the base's own rules
+    is left over."""
     c = checked.candidate
     where = (
         str(base.resolve())
@@ -224,6 +225,11 @@ def recipe_text(
     paths = absolute_paths(checked.raw.get("data"))
     if paths:
         body["data"] = {**(body.get("data") or {}), **paths}
+    model = sets.get("model")
+    if isinstance(model, dict) and model.get("build") and "build_path" not in model:
+        # A --set model.build is looked up beside the recipe searched (recipe.load): this
+        # file, read elsewhere, would look beside itself.
+        body["model"] = {**model, "build_path": checked.raw["model"]["build_path"]}
     body["devices"] = devices
     body["mesh"] = dict(c.axes)
     layouts = dict(sets.get("layouts") or {})

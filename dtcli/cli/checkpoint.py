@@ -9,6 +9,7 @@ import typer
 from dtcli.cli.options import (
     DevicesOption,
     MeshOption,
+    NoStatusOption,
     SetOption,
     console,
     overrides,
@@ -79,6 +80,7 @@ def generate(
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
     sets: list[str] | None = SetOption,
+    no_progress: bool = NoStatusOption,
 ) -> None:
     """Generate text from a language model checkpoint: the new text on stdout (a block per
     prompt when there are several), tokens/s on stderr."""
@@ -87,7 +89,9 @@ def generate(
     prompts = generate_lib.read_prompts(prompt, prompts_file)
     settings = generate_lib.Settings(tokens, temperature, top_k, top_p, seed, not no_cache)
     generate_lib.check_options(settings)  # before the model is built
-    generator = generate_lib.Generator(checkpoint, mesh, devices, sets=tuple(sets or ()))
+    generator = generate_lib.Generator(
+        checkpoint, mesh, devices, sets=tuple(sets or ()), progress=not no_progress
+    )
     generate_lib.write(generator, prompts, settings, sys.stdout, sys.stderr)
 
 

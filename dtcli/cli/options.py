@@ -25,6 +25,13 @@ NoProgressOption = typer.Option(
     help="No live progress bar; into a pipe or a file, no progress line and no line every 10 s "
     "while the run is blocked (compiling).",
 )
+# plan --auto, doctor and generate: no bar to drop, only what they say as they go.
+NoStatusOption = typer.Option(
+    False,
+    "--no-progress",
+    help="Say nothing on stderr as it goes: no line naming what it does, none every 10 s "
+    "while it blocks (into a pipe or a file).",
+)
 ConnectTimeoutOption = typer.Option(
     60.0,
     "--connect-timeout",

@@ -10,6 +10,7 @@ from dtcli.cli.options import (
     DevicesOption,
     MemoryOption,
     MeshOption,
+    NoStatusOption,
     SetOption,
     console,
     overrides,
@@ -39,23 +40,25 @@ def plan(
     recalibrate: bool = typer.Option(
         False, "--recalibrate", help="--auto: probe the devices again, not the cached rates."
     ),
+    no_progress: bool = NoStatusOption,
 ) -> None:
     """Show where every weight lives on the mesh and what each device holds; trains nothing.
     With --auto: the meshes and layouts that fit, ranked by a calibrated cost model."""
     from dtcli import autoplan
+    from dtcli import devices as devices_lib
     from dtcli import memory as memory_lib
     from dtcli import plan as plan_lib
     from dtcli import recipe as recipe_lib
 
     budget = memory_lib.budget_from_args(memory)
     opts = autoplan.options(
-        auto, mesh, top, measure, write, plot_file, as_json, recalibrate, repeats
+        auto, mesh, top, measure, write, plot_file, as_json, recalibrate, repeats, not no_progress
     )
     if opts is not None:
         autoplan.run(recipe, overrides(sets, None, devices), opts, budget, console())
         return
     loaded = recipe_lib.load(recipe, overrides(sets, mesh, devices))
-    report = plan_lib.make_report(loaded, budget)
+    report = plan_lib.make_report(loaded, budget, devices_lib.key_for(devices))
     if as_json:
         import json
 

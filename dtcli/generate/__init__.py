@@ -129,7 +129,8 @@ class Generator:
     """A language-model checkpoint restored on a mesh, ready to generate; the compiled forward
     passes are kept between runs. `use_devices`: the mesh over only the first N devices (see
     session.prepare). `sets`: recipe keys set on the checkpoint's recipe (--set), such as
-    train.compile=dtensor (one device on DTensor instead of XLA) or train.precision."""
+    train.compile=dtensor (one device on DTensor instead of XLA) or train.precision.
+    `progress` False: no heartbeat while it restores and compiles (--no-progress)."""
 
     def __init__(
         self,
@@ -138,7 +139,10 @@ class Generator:
         devices: str | None = None,
         use_devices: int | None = None,
         sets: tuple[str, ...] = (),
+        progress: bool = True,
     ):
+        self.progress = progress
+
         def restore(found: Path, held: Path) -> tuple[Recipe, Any]:
             recipe = rundir.checkpoint_recipe(held, Overrides(tuple(sets), mesh, devices))
             if recipe.task != "language_model":
@@ -150,7 +154,7 @@ class Generator:
             return recipe, _restored_session(found, held, recipe, use_devices, key)
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
-        with _heartbeat(sys.stderr, "generate: restoring the checkpoint on the mesh"):
+        with _heartbeat(sys.stderr, "generate: restoring the checkpoint on the mesh", progress):
             recipe, self.session = rundir.read_checkpoint(storage.as_path(path), restore)
         self.context = int(self.session.data.input_shape[0])
         # text and tokens, the language-model sources, give one
@@ -301,13 +305,15 @@ def write(
     the tokens/s line (Stats) on `err`."""
     check_options(settings)
     if len(prompts) == 1:
-        for piece in _first_compiled(generator.pieces(prompts[0], settings), err):
+        pieces = generator.pieces(prompts[0], settings)
+        for piece in _first_compiled(pieces, err, generator.progress):
             out.write(piece)
             out.flush()  # a long generation shows progress, and Ctrl-C keeps what came
         out.write("\n")
         out.flush()  # before the tokens/s line on `err`
     else:
-        for i, text in _first_compiled(generator.texts(prompts, settings), err):
+        texts = generator.texts(prompts, settings)
+        for i, text in _first_compiled(texts, err, generator.progress):
             shown = prompts[i].decode("utf-8", errors="replace")
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             gap = "\n" if i else ""  # a blank line between blocks
@@ -317,17 +323,17 @@ def write(
         print(generator.stats.line(), file=err, flush=True)
 
 
-def _heartbeat(err: TextIO, what: str) -> progress_lib.Heartbeat:
+def _heartbeat(err: TextIO, what: str, on: bool = True) -> progress_lib.Heartbeat:
     """`what` generate is doing, said on `err` every BEAT_EVERY seconds it blocks, where `err` is
-    no terminal."""
-    return progress_lib.Heartbeat(progress_lib.stderr_console(err), what)
+    no terminal (and `on`)."""
+    return progress_lib.Heartbeat(progress_lib.stderr_console(err), what, on=on)
 
 
-def _first_compiled(items: Iterator[Any], err: TextIO) -> Iterator[Any]:
+def _first_compiled(items: Iterator[Any], err: TextIO, on: bool = True) -> Iterator[Any]:
     """`items`, the first awaited under a heartbeat (its step compiles the forward pass). Not
     the others: the text flowing shows the process is alive, and on a shared pipe (2>&1) a
     line of the heartbeat would land inside it."""
-    with _heartbeat(err, "generate: compiling the forward pass"):
+    with _heartbeat(err, "generate: compiling the forward pass", on):
         first = next(items, _NONE)
     if first is not _NONE:
         yield first

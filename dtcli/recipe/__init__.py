@@ -70,6 +70,7 @@ __all__ = [
     "load_yaml",
     "parse_mesh_arg",
     "read_raw",
+    "read_with_overrides",
     "replace",
     "schema",
     "tfds_installed",
@@ -82,12 +83,22 @@ def load(path: str | Path | dict, overrides: Overrides | Sequence[str] | None = 
     just --set assignments), validate it all. The raw mapping given is not changed."""
     if not isinstance(overrides, Overrides):
         overrides = Overrides(tuple(overrides or ()))
-    raw = overrides.apply(path if isinstance(path, dict) else read_raw(path))
+    if isinstance(path, dict):
+        return from_mapping(overrides.apply(path))
+    return from_mapping(read_with_overrides(path, overrides))
+
+
+def read_with_overrides(path: str | Path, overrides: Overrides = NO_OVERRIDES) -> dict:
+    """A recipe file as the raw mapping `load` validates: its bases merged, the command line's
+    overrides applied, and a `model.build` that --set names looked up beside the recipe given
+    (`model.build_path`), as one written in the file is. Whatever makes recipes of its own
+    from a recipe file (`plan --auto`'s candidates) starts here, so that each loads as `train`
+    loads the file."""
+    raw = overrides.apply(read_raw(path))
     model = raw.get("model")
-    if not isinstance(path, dict) and isinstance(model, dict) and model.get("build"):
-        # A --set model.build=... names a module next to the recipe given.
+    if isinstance(model, dict) and model.get("build"):
         model.setdefault("build_path", str(storage.as_path(path).resolve().parent))
-    return from_mapping(raw)
+    return raw
 
 
 def from_mapping(raw: dict | None) -> Recipe:
