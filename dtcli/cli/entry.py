@@ -46,13 +46,7 @@ def command_line(argv: list[str] | None = None) -> int:
     """
     import traceback
 
-    try:  # typer >= 0.25 carries its own copy of click
-        from typer._click.exceptions import NoArgsIsHelpError
-        from typer._click.exceptions import UsageError as ArgumentError
-    except ImportError:
-        from click.exceptions import NoArgsIsHelpError
-        from click.exceptions import UsageError as ArgumentError
-
+    NoArgsIsHelpError, ArgumentError = _click_errors()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0") or "--debug" in args
     args = terminal.completion_shells([a for a in args if a != "--debug"])
@@ -98,6 +92,15 @@ def command_line(argv: list[str] | None = None) -> int:
         # import, the session's build) into a silent return of 130.
         print(printed(KeyboardInterrupt()), file=sys.stderr)
     return code if isinstance(code, int) else 0
+
+
+def _click_errors() -> tuple[type[Exception], type[Exception]]:
+    """Click's no-arguments-is-help and usage errors (typer >= 0.25 carries its own click)."""
+    try:
+        from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    except ImportError:
+        from click.exceptions import NoArgsIsHelpError, UsageError
+    return NoArgsIsHelpError, UsageError
 
 
 def _interrupted(exc: BaseException) -> bool:
