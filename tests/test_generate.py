@@ -120,6 +120,14 @@ def test_greedy_text_is_the_same_with_and_without_the_cache_on_any_mesh_and_alon
     assert texts(tp, PROMPTS[2:], greedy()) == base[2:]
 
 
+def test_a_data_axis_neither_batch_key_divides_generates_the_same_text(run_dir, one):
+    """generate uses neither data.batch_size (16) nor data.eval_batch_size (8): it pads its
+    prompts to the data axis, so batch=3 is no reason to refuse it."""
+    three = generate.Generator(run_dir, mesh="batch=3", devices="cpu:8", use_devices=3)
+    assert three.rows_for(2) == 3
+    assert texts(three, PROMPTS[:2], greedy(8)) == texts(one, PROMPTS[:2], greedy(8))
+
+
 def test_one_device_generates_on_plain_variables_compiled_by_xla_as_dtensor_does(one, one_dtensor):
     """The same greedy tokens at every step as the one-device DTensor path on the same
     checkpoint, with and without the cache; each pass traced once (its shapes never change), so

@@ -118,9 +118,13 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
 
 
 def checkpoint_recipe(
-    checkpoint: Path, overrides: Overrides = NO_OVERRIDES, batch_size: int | None = None
+    checkpoint: Path,
+    command: str,
+    overrides: Overrides = NO_OVERRIDES,
+    batch_size: int | None = None,
 ) -> Recipe:
-    """The recipe stored with a checkpoint, with command-line overrides.
+    """The recipe stored with a checkpoint, with command-line overrides, checked for `command`
+    (eval, generate or export: recipe.COMMANDS), whose batches it checks.
 
     `train.compile: xla` says how that run trained (on one device); read onto another mesh
     (`--mesh`, `--devices`) it is `auto`, XLA where that mesh is one device, so a checkpoint of
@@ -139,6 +143,6 @@ def checkpoint_recipe(
         sets = (*overrides.sets, f"data.eval_batch_size={batch_size}")
         overrides = dataclasses.replace(overrides, sets=sets)
     try:
-        return recipe_lib.load(raw, overrides)
+        return recipe_lib.load(raw, overrides, command=command)
     except UsageError as exc:
         raise UsageError(f"{exc} (recipe stored with {ckpt_lib.shown(checkpoint)})") from None
