@@ -964,7 +964,19 @@ CASES: dict[str, Case] = {
     "eval unknown set key": c(
         "eval", "{run}", *s("data.nme=x"), expect="unknown recipe key 'data.nme'"
     ),
-    "eval set model": c("eval", "{run}", *s("model.layers=[{Dense: {units: 10}}]"), expect="model"),
+    "eval set model": c(
+        *("eval", "{run}", *s("model.layers=[{Dense: {units: 10}}]")),
+        expect="--set model.layers: eval keeps the checkpoint's model, whose model.layers is",
+    ),
+    # the same shapes, another function: it restored and evaluated a model never trained
+    "eval set an activation": c(
+        *(
+            "eval",
+            "{run}",
+            *s("model.layers=[{Dense: {units: 128, activation: tanh}}, {Dense: {units: 10}}]"),
+        ),
+        expect="--set model.layers: eval keeps the checkpoint's model, whose model.layers is",
+    ),
     "eval no argument": c("eval", expect="CHECKPOINT: missing; expected a run directory"),
     # ---- export
     "export missing": c(

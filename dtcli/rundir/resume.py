@@ -117,6 +117,12 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
     return {k: [a.get(k), b.get(k)] for k in {**a, **b} if a.get(k) != b.get(k)}
 
 
+# What eval, generate and export may change of a checkpoint's model (--set): none changes a
+# weight or what the trained model computes at inference (dropout is the identity there, remat
+# recomputes only a backward pass; build_path says where model.build's module lives now).
+FREE_IN_A_CHECKPOINT = ("model.transformer.dropout", "model.transformer.remat", "model.build_path")
+
+
 def checkpoint_recipe(
     checkpoint: Path,
     command: str,
@@ -124,7 +130,7 @@ def checkpoint_recipe(
     batch_size: int | None = None,
 ) -> Recipe:
     """The recipe stored with a checkpoint, with command-line overrides, checked for `command`
-    (eval, generate or export: recipe.COMMANDS), whose batches it checks.
+    (eval, generate or export: recipe.COMMANDS), which keeps the checkpoint's model.
 
     `train.compile: xla` says how that run trained (on one device); read onto another mesh
     (`--mesh`, `--devices`) it is `auto`, XLA where that mesh is one device, so a checkpoint of
@@ -143,6 +149,31 @@ def checkpoint_recipe(
         sets = (*overrides.sets, f"data.eval_batch_size={batch_size}")
         overrides = dataclasses.replace(overrides, sets=sets)
     try:
-        return recipe_lib.load(raw, overrides, command=command)
+        recipe = recipe_lib.load(raw, overrides, command=command)
+        stored = recipe_lib.load(raw, command=command)
     except UsageError as exc:
         raise UsageError(f"{exc} (recipe stored with {ckpt_lib.shown(checkpoint)})") from None
+    _check_same_model(stored, recipe, command)
+    return recipe
+
+
+def _check_same_model(stored: Recipe, recipe: Recipe, command: str) -> None:
+    """A --set that changes the checkpoint's model is refused before any weight is read: the
+    weights hold the model that was trained."""
+    before = {"model": dataclasses.asdict(stored.model)}
+    after = {"model": dataclasses.asdict(recipe.model)}
+    for key, old, new in _differences(before, after, ""):
+        if key not in FREE_IN_A_CHECKPOINT:
+            free = ", ".join(FREE_IN_A_CHECKPOINT[:-1]) + f" and {FREE_IN_A_CHECKPOINT[-1]}"
+            raise UsageError(
+                f"--set {key}: {command} keeps the checkpoint's model, whose {key} is {old!r} "
+                f"(not {new!r}); only {free} may change (train a new run for another model)"
+            )
+
+
+def _differences(a: Any, b: Any, key: str) -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) wherever two nested mappings differ, in a's order."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        prefix = f"{key}." if key else ""
+        return [d for k in {**a, **b} for d in _differences(a.get(k), b.get(k), prefix + k)]
+    return [] if a == b else [(key, a, b)]
