@@ -914,7 +914,21 @@ CASES: dict[str, Case] = {
         expect="mesh batch=3,model=1: axis sizes multiply to 3, but there are 8 devices",
     ),
     "resume bad devices": c("train", "--resume", "{run}", "--devices", "cpu:x", expect="--devices"),
-    "resume a checkpoint folder": c("train", "--resume", "{ckpt}", expect="--resume"),
+    "resume a checkpoint folder": c(
+        "train",
+        "--resume",
+        "{ckpt}",
+        expect="--resume '{ckpt}': a checkpoint, not a run directory; give its run: --resume "
+        "{run} (a resume always goes on from the run's newest intact checkpoint; resuming from "
+        "an older one is not supported)",
+    ),
+    "resume the checkpoints folder": c(
+        "train",
+        "--resume",
+        "{run}/checkpoints",
+        expect="--resume '{run}/checkpoints': a run's checkpoints folder, not a run directory; "
+        "give its run: --resume {run} (",
+    ),
     # refused before training (it failed after it, exit 1, naming an --out never given)
     "resume plots a file": c(
         "train",

@@ -13,7 +13,7 @@ from dtcli import optimizers, storage
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
-from dtcli.rundir.files import RECIPE, check_plots, check_records, reachable
+from dtcli.rundir.files import CHECKPOINTS, RECIPE, check_plots, check_records, reachable
 from dtcli.rundir.lock import held_by, held_error
 
 # What a checkpoint's state depends on: a resume may not change it. The mesh, devices, layouts,
@@ -71,9 +71,26 @@ def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) 
         if info is not None:
             raise held_error(arg, path, info)
         if not (path / RECIPE).is_file():
-            raise UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
+            raise _not_a_run(path, arg)
         check_plots(path, arg)  # refused before training, not after it
         check_records(path, arg)
+
+
+def _not_a_run(path: Path, arg: str) -> UsageError:
+    """A folder without recipe.yaml; a run's checkpoint (or checkpoints folder) names its run:
+    a resume takes the run directory and always goes on from its newest intact checkpoint."""
+    run, what = None, ""
+    if path.name == CHECKPOINTS:
+        run, what = path.parent, "a run's checkpoints folder"
+    elif path.parent.name == CHECKPOINTS and ckpt_lib.looks_like_checkpoint(path):
+        run, what = path.parent.parent, "a checkpoint"
+    if run is None or not (run / RECIPE).is_file():
+        return UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
+    return UsageError(
+        f"{arg} {str(path)!r}: {what}, not a run directory; give its run: {arg} {run} (a "
+        "resume always goes on from the run's newest intact checkpoint; resuming from an older "
+        "one is not supported)"
+    )
 
 
 def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True) -> Path:
