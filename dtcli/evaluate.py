@@ -67,7 +67,7 @@ def evaluate_path(
     beat = progress_lib.Heartbeat(progress_lib.stderr_console(), what, on=progress)
 
     def read(checkpoint: Path, held: Path) -> dict[str, Any]:
-        recipe = checkpoint_recipe(held, overrides, batch_size)
+        recipe = checkpoint_recipe(held, "eval", overrides, batch_size)
         return evaluate_checkpoint(checkpoint, held, recipe, split, devices_key)
 
     with beat:
@@ -80,22 +80,26 @@ def evaluate_checkpoint(
     recipe: Recipe,
     split: str = "eval",
     devices_key: str = devices_lib.RECIPE_KEY,
+    use_devices: int | None = None,
 ) -> dict[str, Any]:
     """Restore `checkpoint`, read through `held` (the folder checkpoint.held gives, or the
-    checkpoint itself), onto `recipe`'s mesh and evaluate it on every example of `split`."""
+    checkpoint itself), onto `recipe`'s mesh and evaluate it on every example of `split`.
+    `use_devices`: the mesh over only the first N devices (session.prepare)."""
     from dtcli import session as session_lib
     from dtcli import steps as steps_lib
     from dtcli.mesh import mesh_text
 
     if split == "train":  # read as an eval split is: from the host, each example once
         data = dataclasses.replace(recipe.data, placement="host")
-        recipe = recipe_lib.replace(recipe, data=data)
+        recipe = recipe_lib.replace(recipe, command="eval", data=data)
     splits = (split,) if split == "train" else ("eval",)
     session = session_lib.prepare(
         recipe,
         splits=splits,
+        use_devices=use_devices,
         devices_key=devices_key,
         tokenizer_file=tokenizer_file(checkpoint),
+        command="eval",
     )
     ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)
     ckpt.restore(held, session.model.weights, partial=True)

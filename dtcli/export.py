@@ -23,7 +23,8 @@ def export_path(path: Path, out: Path) -> Path:
     """`dtcli export`: a checkpoint folder, or a run directory's newest intact checkpoint, with
     the recipe stored with it."""
     return rundir.read_checkpoint(
-        path, lambda found, held: export(found, rundir.checkpoint_recipe(held), out, held)
+        path,
+        lambda found, held: export(found, rundir.checkpoint_recipe(held, "export"), out, held),
     )
 
 

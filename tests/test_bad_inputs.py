@@ -731,6 +731,15 @@ CASES: dict[str, Case] = {
     "mesh arg product": c(
         "train", "{q}", "--mesh", "batch=2,model=2", "--devices", "cpu:8", expect="multiply to 4"
     ),
+    # the mesh of 6 named first, not the batch of 64 its data axis 3 does not divide
+    "mesh arg product and a batch": c(
+        *("train", "{q}", "--mesh", "batch=3,model=2", "--devices", "cpu:8"),
+        expect="mesh batch=3,model=2: axis sizes multiply to 6, but there are 8 devices",
+    ),
+    "config mesh arg product and a batch": c(
+        *("config", "{q}", "--mesh", "batch=3,model=2", "--devices", "cpu:8"),
+        expect="mesh batch=3,model=2: axis sizes multiply to 6, but there are 8 devices",
+    ),
     "mesh arg axis typo": c(
         "train", "{q}", "--mesh", "batch=4,modle=2", expect="did you mean 'model'"
     ),
@@ -901,10 +910,25 @@ CASES: dict[str, Case] = {
         expect="optimizer.learning_rate",
     ),
     "resume bad mesh": c(
-        "train", "--resume", "{run}", "--mesh", "batch=3", "--devices", "cpu:8", expect="mesh"
+        *("train", "--resume", "{run}", "--epochs", "4", "--mesh", "batch=3", "--devices", "cpu:8"),
+        expect="mesh batch=3,model=1: axis sizes multiply to 3, but there are 8 devices",
     ),
     "resume bad devices": c("train", "--resume", "{run}", "--devices", "cpu:x", expect="--devices"),
-    "resume a checkpoint folder": c("train", "--resume", "{ckpt}", expect="--resume"),
+    "resume a checkpoint folder": c(
+        "train",
+        "--resume",
+        "{ckpt}",
+        expect="--resume '{ckpt}': a checkpoint, not a run directory; give its run: --resume "
+        "{run} (a resume always goes on from the run's newest intact checkpoint; resuming from "
+        "an older one is not supported)",
+    ),
+    "resume the checkpoints folder": c(
+        "train",
+        "--resume",
+        "{run}/checkpoints",
+        expect="--resume '{run}/checkpoints': a run's checkpoints folder, not a run directory; "
+        "give its run: --resume {run} (",
+    ),
     # refused before training (it failed after it, exit 1, naming an --out never given)
     "resume plots a file": c(
         "train",
@@ -947,13 +971,26 @@ CASES: dict[str, Case] = {
     ),
     "eval batch a word": c("eval", "{run}", "--batch-size", "big", expect="--batch-size"),
     "eval bad mesh": c(
-        "eval", "{run}", "--mesh", "batch=3,model=2", "--devices", "cpu:8", expect="mesh"
+        *("eval", "{run}", "--mesh", "batch=3,model=2", "--devices", "cpu:8"),
+        expect="mesh batch=3,model=2: axis sizes multiply to 6, but there are 8 devices",
     ),
     "eval bad devices": c("eval", "{run}", "--devices", "cpu:0", expect="--devices"),
     "eval unknown set key": c(
         "eval", "{run}", *s("data.nme=x"), expect="unknown recipe key 'data.nme'"
     ),
-    "eval set model": c("eval", "{run}", *s("model.layers=[{Dense: {units: 10}}]"), expect="model"),
+    "eval set model": c(
+        *("eval", "{run}", *s("model.layers=[{Dense: {units: 10}}]")),
+        expect="--set model.layers: eval keeps the checkpoint's model, whose model.layers is",
+    ),
+    # the same shapes, another function: it restored and evaluated a model never trained
+    "eval set an activation": c(
+        *(
+            "eval",
+            "{run}",
+            *s("model.layers=[{Dense: {units: 128, activation: tanh}}, {Dense: {units: 10}}]"),
+        ),
+        expect="--set model.layers: eval keeps the checkpoint's model, whose model.layers is",
+    ),
     "eval no argument": c("eval", expect="CHECKPOINT: missing; expected a run directory"),
     # ---- export
     "export missing": c(

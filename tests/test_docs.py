@@ -118,3 +118,21 @@ def test_readme_quick_start_holds_the_lines_ci_runs():
     assert block.group(1).splitlines() == [install, "pytest -q"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert install in ci and "pytest -q" in ci
+
+
+def test_the_folders_documented_commands_write_are_git_ignored():
+    """A documented command run in the repository (`train ... --out runs/qs`, `prepare-text ...
+    --out shards/tiny`) leaves `git status` clean: each relative --out folder's top is ignored."""
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".gitignore").read_text().splitlines()
+        if line.strip().endswith("/")
+    }
+    tops = set()
+    for page in PAGES:
+        for block in FENCE.finditer(page.read_text()):
+            # Relative paths only: not /shared/..., gs://..., "$RUN", nor a placeholder (DIR).
+            for folder in re.findall(r"--out[ =]+([a-z][\w.-]*(?:/[\w.-]+)*)(?=\s|$)", block[0]):
+                tops.add(folder.split("/")[0])
+    assert {"runs", "shards"} <= tops  # what the README's examples write today
+    assert tops <= ignored, f"not in .gitignore: {sorted(tops - ignored)}"

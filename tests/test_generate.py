@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHAKESPEARE, StampedStream, dtcli, env, run_cli
 
-from dtcli import generate
+from dtcli import generate, rundir
 from dtcli.generate import loop
+from dtcli.recipe import Overrides
 
 CONTEXT = 16
 # recipes/tiny_gpt_tensor_parallel.yaml shrunk as in test_language_model.py: 8 heads split 4
@@ -118,6 +119,28 @@ def test_greedy_text_is_the_same_with_and_without_the_cache_on_any_mesh_and_alon
     # each prompt alone (one row; on the mesh: padded to two rows)
     assert [texts(one, [p], greedy())[0] for p in PROMPTS] == base
     assert texts(tp, PROMPTS[2:], greedy()) == base[2:]
+
+
+def test_a_data_axis_neither_batch_key_divides_generates_the_same_text(run_dir, one):
+    """generate uses neither data.batch_size (16) nor data.eval_batch_size (8): it pads its
+    prompts to the data axis, so batch=3 is no reason to refuse it."""
+    three = generate.Generator(run_dir, mesh="batch=3", devices="cpu:8", use_devices=3)
+    assert three.rows_for(2) == 3
+    assert texts(three, PROMPTS[:2], greedy(8)) == texts(one, PROMPTS[:2], greedy(8))
+
+
+def test_generate_keeps_the_checkpoints_model(run_dir, cli):
+    """A --set that changes a weight's shape is refused before any weight is read; what changes
+    no weight (dropout, remat: neither runs at inference) may be set."""
+    r = cli("generate", run_dir, "--set", "model.transformer.heads=4", "--tokens", "1")
+    assert r.code == 2 and len(r.err_lines) == 1, r.err
+    assert r.err_lines[0].startswith(
+        "error: --set model.transformer.heads: generate keeps the checkpoint's model, whose "
+        "model.transformer.heads is 8 (not 4); only model.transformer.dropout, "
+    ), r.err
+    ckpt = rundir.complete_checkpoints(run_dir)[-1]
+    for sets in (("model.transformer.dropout=0.1",), ("model.transformer.remat=true",)):
+        assert rundir.checkpoint_recipe(ckpt, "generate", Overrides(sets)).task == "language_model"
 
 
 def test_one_device_generates_on_plain_variables_compiled_by_xla_as_dtensor_does(one, one_dtensor):

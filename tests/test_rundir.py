@@ -19,6 +19,7 @@ from conftest import QUICK, ROOT, SHORT, checkpoint_tensors, dtcli, env, snapsho
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import metrics, rundir, storage
+from dtcli import recipe as R
 from dtcli.errors import UsageError
 
 
@@ -96,6 +97,45 @@ def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
     assert r.code == 0, r.err
     assert json.loads(r.out.splitlines()[-1])["step"] == 6
     assert [line for line in r.err_lines if "is damaged" in line]
+
+
+@pytest.mark.parametrize(
+    "command, sets, refused",
+    [
+        ("eval", ["data.eval_batch_size=60"], None),  # data.batch_size (64) is training's
+        ("eval", [], "'data.batch_size': 64"),  # eval's batch where no eval_batch_size is set
+        ("eval", ["data.eval_batch_size=64"], "'data.eval_batch_size': 64"),
+        ("generate", [], None),  # it pads its prompts to the data axis
+    ],
+)
+def test_a_checkpoint_is_read_with_the_batches_its_command_uses(
+    trained_run, command, sets, refused
+):
+    ckpt = rundir.complete_checkpoints(trained_run)[-1]
+    overrides = R.Overrides(tuple(sets), mesh="batch=3")
+    if refused is None:
+        assert rundir.checkpoint_recipe(ckpt, command, overrides).mesh == {"batch": 3, "model": 1}
+    else:
+        with pytest.raises(UsageError, match=f"^recipe key {refused} does not divide by .* 3"):
+            rundir.checkpoint_recipe(ckpt, command, overrides)
+
+
+def test_eval_on_a_data_axis_the_training_batch_does_not_divide_gives_the_same_figures(
+    trained_run, cpu8
+):
+    """The quickstart trained in batches of 64 on batch=4,model=2, evaluated on batch=3 in
+    batches of 60: the session checks eval's batch only, and the figures are the mesh's own."""
+    from dtcli import evaluate
+
+    ckpt = rundir.complete_checkpoints(trained_run)[-1]
+    sets = ("data.eval_batch_size=60",)
+    on3 = rundir.checkpoint_recipe(ckpt, "eval", R.Overrides(sets, "batch=3", "cpu:8"))
+    three = evaluate.evaluate_checkpoint(ckpt, ckpt, on3, use_devices=3)
+    trained = evaluate.evaluate_checkpoint(ckpt, ckpt, rundir.checkpoint_recipe(ckpt, "eval"))
+    assert three["mesh"] == "batch=3,model=1" and trained["mesh"] == "batch=4,model=2"
+    assert three["examples"] == trained["examples"]
+    assert three["accuracy"] == trained["accuracy"]
+    assert abs(three["loss"] - trained["loss"]) <= 1e-6 * abs(trained["loss"])
 
 
 def test_a_checkpoint_removed_while_it_is_read_is_not_called_damaged(

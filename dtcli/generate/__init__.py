@@ -144,7 +144,8 @@ class Generator:
         self.progress = progress
 
         def restore(found: Path, held: Path) -> tuple[Recipe, Any]:
-            recipe = rundir.checkpoint_recipe(held, Overrides(tuple(sets), mesh, devices))
+            overrides = Overrides(tuple(sets), mesh, devices)
+            recipe = rundir.checkpoint_recipe(held, "generate", overrides)
             if recipe.task != "language_model":
                 raise UsageError(
                     f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
@@ -359,6 +360,7 @@ def _restored_session(
         use_devices=use_devices,
         devices_key=devices_key,
         tokenizer_file=rundir.tokenizer_file(found),
+        command="generate",
     )
     rules = recipe.layouts.rules
     # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.

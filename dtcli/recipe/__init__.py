@@ -7,6 +7,7 @@ This package never imports TensorFlow.
 configs     the keys: the frozen dataclasses and their defaults
 typed       YAML -> dataclasses, type by type, and the JSON schema
 checks      checks between keys, one function per section (data_checks: the data section)
+batches     the batches a command steps through, against the mesh's data axis
 files       reading a file: unique keys, `base:`, ${NAME}
 overrides   the command line's --set/--mesh/--devices/--epochs
 """
@@ -23,7 +24,8 @@ import yaml
 
 from dtcli import storage
 from dtcli.mesh import UNSHARDED
-from dtcli.recipe.checks import check, check_mesh_on_devices, check_micro_batch
+from dtcli.recipe.batches import COMMANDS, check_batches, check_micro_batch
+from dtcli.recipe.checks import check, check_mesh_on_devices
 from dtcli.recipe.configs import (
     BYTE_VOCAB,
     STEPS_PER_CALL,
@@ -45,6 +47,7 @@ from dtcli.recipe.typed import build, plain, schema
 
 __all__ = [
     "BYTE_VOCAB",
+    "COMMANDS",
     "STEPS_PER_CALL",
     "STREAMED_SOURCES",
     "TEXT_SOURCES",
@@ -61,6 +64,7 @@ __all__ = [
     "TransformerConfig",
     "apply_set",
     "bpe_size",
+    "check_batches",
     "check_mesh_on_devices",
     "check_micro_batch",
     "dump",
@@ -78,14 +82,20 @@ __all__ = [
 ]
 
 
-def load(path: str | Path | dict, overrides: Overrides | Sequence[str] | None = None) -> Recipe:
+def load(
+    path: str | Path | dict,
+    overrides: Overrides | Sequence[str] | None = None,
+    *,
+    command: str = "train",
+) -> Recipe:
     """Load a recipe (a file, or a raw mapping), apply command-line overrides (an Overrides, or
-    just --set assignments), validate it all. The raw mapping given is not changed."""
+    just --set assignments), validate it all for `command` (COMMANDS: which batches it runs).
+    The raw mapping given is not changed."""
     if not isinstance(overrides, Overrides):
         overrides = Overrides(tuple(overrides or ()))
     if isinstance(path, dict):
-        return from_mapping(overrides.apply(path))
-    return from_mapping(read_with_overrides(path, overrides))
+        return from_mapping(overrides.apply(path), command=command)
+    return from_mapping(read_with_overrides(path, overrides), command=command)
 
 
 def read_with_overrides(path: str | Path, overrides: Overrides = NO_OVERRIDES) -> dict:
@@ -101,9 +111,10 @@ def read_with_overrides(path: str | Path, overrides: Overrides = NO_OVERRIDES) -
     return raw
 
 
-def from_mapping(raw: dict | None) -> Recipe:
-    """Validate a raw mapping into a Recipe (raises UsageError naming the key at fault)."""
-    return check(_resolve(build(Recipe, raw, "")))
+def from_mapping(raw: dict | None, *, command: str = "train") -> Recipe:
+    """Validate a raw mapping into a Recipe for `command` (raises UsageError naming the key at
+    fault)."""
+    return check(_resolve(build(Recipe, raw, "")), command)
 
 
 def _resolve(recipe: Recipe) -> Recipe:
@@ -128,9 +139,9 @@ def _resolve(recipe: Recipe) -> Recipe:
     return dataclasses.replace(recipe, data=d, train=t)
 
 
-def replace(recipe: Recipe, **changes: Any) -> Recipe:
-    """A copy of the recipe with top-level fields changed, re-validated."""
-    return check(dataclasses.replace(recipe, **changes))
+def replace(recipe: Recipe, *, command: str = "train", **changes: Any) -> Recipe:
+    """A copy of the recipe with top-level fields changed, re-validated for `command`."""
+    return check(dataclasses.replace(recipe, **changes), command)
 
 
 def to_mapping(recipe: Recipe) -> dict:

@@ -13,7 +13,8 @@ import re
 from dtcli import devices as devices_lib
 from dtcli.devices import MAX_VIRTUAL_CPUS
 from dtcli.errors import UsageError
-from dtcli.mesh import UNSHARDED, check_batch, mesh_text, resolve_axes
+from dtcli.mesh import UNSHARDED, mesh_text, resolve_axes
+from dtcli.recipe.batches import check_batches_at_load
 from dtcli.recipe.configs import (
     TEXT_SOURCES,
     LayoutConfig,
@@ -26,8 +27,9 @@ from dtcli.recipe.configs import (
 from dtcli.recipe.data_checks import check_data
 
 
-def check(recipe: Recipe) -> Recipe:
-    """Checks that need more than one key's type; no devices or TensorFlow needed.
+def check(recipe: Recipe, command: str = "train") -> Recipe:
+    """Checks that need more than one key's type; no devices or TensorFlow needed. `command`:
+    what runs the recipe (recipe.batches.COMMANDS), whose batches are checked against the mesh.
 
     The sections are checked in this order, and the first failing check is the error shown."""
     devices_lib.parse(recipe.devices)
@@ -47,7 +49,7 @@ def check(recipe: Recipe) -> Recipe:
     check_data(recipe.data)
     # Before the batch's checks: train.accumulate divides data.batch_size there.
     _check_train(recipe.train)
-    _check_batch_on_mesh(recipe)
+    check_batches_at_load(recipe, command)
     _check_precision(recipe)
     _check_optimizer(recipe.optimizer)
     o, t = recipe.optimizer, recipe.train
@@ -117,48 +119,6 @@ def _check_devices_mesh(recipe: Recipe) -> None:
             f"recipe key 'mesh': {mesh_text(recipe.mesh)} asks for {total} devices, and devices "
             f"{recipe.devices!r} makes them virtual CPUs{on}; at most {MAX_VIRTUAL_CPUS} "
             "(MAX_VIRTUAL_CPUS: more exhaust memory or hang TensorFlow's start-up)"
-        )
-
-
-def _check_batch_on_mesh(recipe: Recipe) -> None:
-    """The batches divide by the data axis, checked here wherever its size is known without the
-    devices (a fixed size, or -1 with a device count), so that `config` and every command refuse
-    it before TensorFlow starts; the session checks it again once the devices are known."""
-    axis = recipe.layouts.data_axis
-    if axis == UNSHARDED:
-        return
-    axes = dict(recipe.mesh)
-    if axes[axis] == -1:
-        count = devices_lib.parse(recipe.devices).count
-        known = math.prod(s for s in axes.values() if s != -1)
-        if count is None or count % known:
-            return  # the device count is checked against the mesh once the devices are known
-        axes[axis] = count // known
-    for key in ("batch_size", "eval_batch_size"):
-        batch = getattr(recipe.data, key)
-        if batch:
-            check_batch(axes, axis, batch, f"data.{key}")
-    check_micro_batch(recipe, axes)
-
-
-def check_micro_batch(recipe: Recipe, axes: dict[str, int]) -> None:
-    """With train.accumulate N each micro-batch is data.batch_size / N examples, split along the
-    data axis like a batch."""
-    n, batch = recipe.train.accumulate, recipe.data.batch_size
-    if n == 1:
-        return
-    if batch % n:
-        raise UsageError(
-            f"recipe key 'train.accumulate': data.batch_size {batch} does not divide into {n} "
-            "micro-batches (expected a divisor of data.batch_size)"
-        )
-    axis = recipe.layouts.data_axis
-    shards = 1 if axis == UNSHARDED else axes[axis]
-    if (batch // n) % shards:
-        raise UsageError(
-            f"recipe key 'train.accumulate': micro-batches of {batch // n} examples "
-            f"(data.batch_size {batch} / {n}) do not divide along mesh axis '{axis}' of size "
-            f"{shards}; use fewer micro-batches or a larger batch"
         )
 
 

@@ -13,7 +13,7 @@ from dtcli import optimizers, storage
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
-from dtcli.rundir.files import RECIPE, check_plots, check_records, reachable
+from dtcli.rundir.files import CHECKPOINTS, RECIPE, check_plots, check_records, reachable
 from dtcli.rundir.lock import held_by, held_error
 
 # What a checkpoint's state depends on: a resume may not change it. The mesh, devices, layouts,
@@ -71,9 +71,26 @@ def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) 
         if info is not None:
             raise held_error(arg, path, info)
         if not (path / RECIPE).is_file():
-            raise UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
+            raise _not_a_run(path, arg)
         check_plots(path, arg)  # refused before training, not after it
         check_records(path, arg)
+
+
+def _not_a_run(path: Path, arg: str) -> UsageError:
+    """A folder without recipe.yaml; a run's checkpoint (or checkpoints folder) names its run:
+    a resume takes the run directory and always goes on from its newest intact checkpoint."""
+    run, what = None, ""
+    if path.name == CHECKPOINTS:
+        run, what = path.parent, "a run's checkpoints folder"
+    elif path.parent.name == CHECKPOINTS and ckpt_lib.looks_like_checkpoint(path):
+        run, what = path.parent.parent, "a checkpoint"
+    if run is None or not (run / RECIPE).is_file():
+        return UsageError(f"{arg} {str(path)!r}: not a run directory (no {RECIPE})")
+    return UsageError(
+        f"{arg} {str(path)!r}: {what}, not a run directory; give its run: {arg} {run} (a "
+        "resume always goes on from the run's newest intact checkpoint; resuming from an older "
+        "one is not supported)"
+    )
 
 
 def read_recipe_text(path: Path, arg: str = "--resume", check_lock: bool = True) -> Path:
@@ -117,10 +134,20 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
     return {k: [a.get(k), b.get(k)] for k in {**a, **b} if a.get(k) != b.get(k)}
 
 
+# What eval, generate and export may change of a checkpoint's model (--set): none changes a
+# weight or what the trained model computes at inference (dropout is the identity there, remat
+# recomputes only a backward pass; build_path says where model.build's module lives now).
+FREE_IN_A_CHECKPOINT = ("model.transformer.dropout", "model.transformer.remat", "model.build_path")
+
+
 def checkpoint_recipe(
-    checkpoint: Path, overrides: Overrides = NO_OVERRIDES, batch_size: int | None = None
+    checkpoint: Path,
+    command: str,
+    overrides: Overrides = NO_OVERRIDES,
+    batch_size: int | None = None,
 ) -> Recipe:
-    """The recipe stored with a checkpoint, with command-line overrides.
+    """The recipe stored with a checkpoint, with command-line overrides, checked for `command`
+    (eval, generate or export: recipe.COMMANDS), which keeps the checkpoint's model.
 
     `train.compile: xla` says how that run trained (on one device); read onto another mesh
     (`--mesh`, `--devices`) it is `auto`, XLA where that mesh is one device, so a checkpoint of
@@ -139,6 +166,31 @@ def checkpoint_recipe(
         sets = (*overrides.sets, f"data.eval_batch_size={batch_size}")
         overrides = dataclasses.replace(overrides, sets=sets)
     try:
-        return recipe_lib.load(raw, overrides)
+        recipe = recipe_lib.load(raw, overrides, command=command)
+        stored = recipe_lib.load(raw, command=command)
     except UsageError as exc:
         raise UsageError(f"{exc} (recipe stored with {ckpt_lib.shown(checkpoint)})") from None
+    _check_same_model(stored, recipe, command)
+    return recipe
+
+
+def _check_same_model(stored: Recipe, recipe: Recipe, command: str) -> None:
+    """A --set that changes the checkpoint's model is refused before any weight is read: the
+    weights hold the model that was trained."""
+    before = {"model": dataclasses.asdict(stored.model)}
+    after = {"model": dataclasses.asdict(recipe.model)}
+    for key, old, new in _differences(before, after, ""):
+        if key not in FREE_IN_A_CHECKPOINT:
+            free = ", ".join(FREE_IN_A_CHECKPOINT[:-1]) + f" and {FREE_IN_A_CHECKPOINT[-1]}"
+            raise UsageError(
+                f"--set {key}: {command} keeps the checkpoint's model, whose {key} is {old!r} "
+                f"(not {new!r}); only {free} may change (train a new run for another model)"
+            )
+
+
+def _differences(a: Any, b: Any, key: str) -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) wherever two nested mappings differ, in a's order."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        prefix = f"{key}." if key else ""
+        return [d for k in {**a, **b} for d in _differences(a.get(k), b.get(k), prefix + k)]
+    return [] if a == b else [(key, a, b)]

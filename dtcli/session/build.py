@@ -61,10 +61,14 @@ def prepare(
     use_devices: int | None = None,
     devices_key: str = devices_lib.RECIPE_KEY,
     tokenizer_file: Any = None,
+    command: str = "train",
 ) -> Session:
     """Configure devices, then load data and build the model and optimizer on the mesh.
 
     `splits` (): no data is read, only its shape (for generation).
+    `command`: what runs the session (recipe.COMMANDS); only `train` has its batches and its
+    training split checked (eval and generate run neither; eval --split train reads that split
+    in eval batches).
     `use_devices`: build the mesh over only the first N of the configured devices (so that one
     process can compare a 1-device mesh with a multi-device one, as `dtcli doctor` does).
     With a `cluster` this process is one client of a multi-client run: it configures only its
@@ -78,16 +82,17 @@ def prepare(
     if use_devices is not None:
         devices = devices_lib.Devices(devices.device_type, use_devices)
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
-    _check_batches(recipe, axes)
-    dataset = _load_data(recipe, splits, tokenizer_file)
+    recipe_lib.check_batches(recipe, axes, command)
+    trains = command == "train" and "train" in splits
+    dataset = _load_data(recipe, splits, tokenizer_file, trains)
     plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
     mesh = _mesh(recipe, axes, devices, cluster, use_devices)
     built, optimizer = _model_on_mesh(recipe, dataset, mesh, plans, initial)
-    resolved = recipe_lib.replace(recipe, mesh=axes, devices=devices.text)
+    resolved = recipe_lib.replace(recipe, command=command, mesh=axes, devices=devices.text)
     packer = (
         pipeline_lib.Packer(mesh, recipe.layouts.data_axis) if mesh else pipeline_lib.PlainPacker()
     )
-    if "train" in splits:
+    if trains:
         _check_steps_per_epoch(recipe, dataset)
     placed = None
     if "train" in splits and place_on_device(recipe.data, dataset.train, devices.local_count):
@@ -109,14 +114,16 @@ def prepare(
     )
 
 
-def _load_data(recipe: Recipe, splits: tuple[str, ...], tokenizer_file: Any) -> data_lib.Dataset:
-    """The recipe's `splits` read (none: only the data's shape), the batch checked against the
-    training split."""
+def _load_data(
+    recipe: Recipe, splits: tuple[str, ...], tokenizer_file: Any, trains: bool
+) -> data_lib.Dataset:
+    """The recipe's `splits` read (none: only the data's shape); to train on, the batch checked
+    against the training split."""
     if splits:
         dataset = data_lib.load(recipe.data, splits, tokenizer_file)
     else:
         dataset = data_lib.no_data(recipe.data, tokenizer_file)
-    if "train" in splits:
+    if trains:
         data_lib.check_batch_fits(recipe.data, dataset)
     return dataset
 
@@ -146,16 +153,6 @@ def bf16_cpu(recipe: Recipe, device_type: str) -> bool:
     """Whether the recipe's steps run bf16 matmuls on a CPU that takes bfloat16 natively
     (mesh.compiles_with_xla keeps them off XLA there)."""
     return recipe.train.precision == "bf16" and device_type == "CPU" and cpuinfo.runs_bf16()
-
-
-def _check_batches(recipe: Recipe, axes: dict[str, int]) -> None:
-    """The batch sizes divide by the data axis (the recipe checks it where the sizes are known
-    without devices; here the axis has its size)."""
-    data_axis = recipe.layouts.data_axis
-    mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
-    if recipe.data.eval_batch_size:
-        mesh_lib.check_batch(axes, data_axis, recipe.data.eval_batch_size, "data.eval_batch_size")
-    recipe_lib.check_micro_batch(recipe, axes)
 
 
 def _model_on_mesh(
