@@ -40,7 +40,7 @@ from dtcli import devices as devices_lib
 from dtcli import progress as progress_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
-from dtcli.generate import loop
+from dtcli.generate import ctrl_c, loop
 from dtcli.generate.loop import pick, restart_keep, window_start  # noqa: F401 - the API
 from dtcli.generate.prompts import DEFAULT_PROMPT, prompt_bytes, read_prompts  # noqa: F401 - the API
 from dtcli.recipe import Overrides, Recipe
@@ -155,8 +155,10 @@ class Generator:
             return recipe, _restored_session(found, held, recipe, use_devices, key)
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
-        with _heartbeat(sys.stderr, "generate: restoring the checkpoint on the mesh", progress):
+        what = "generate: restoring the checkpoint on the mesh"
+        with _heartbeat(sys.stderr, what, progress), ctrl_c.held() as pressed:
             recipe, self.session = rundir.read_checkpoint(storage.as_path(path), restore)
+            pressed.raise_if_pressed()
         self.context = int(self.session.data.input_shape[0])
         # text and tokens, the language-model sources, give one
         self.tokenizer = self.session.data.tokenizer
@@ -181,16 +183,18 @@ class Generator:
         picker = _Picker(settings, len(ids), vocab)
         stats = self.stats = Stats(0, 0.0, cached, self.session.xla)
         start = time.perf_counter()
-        for first in range(0, len(ids), rows):
-            if cached:
-                forward.reset()
-            batch = ids[first : first + rows]
-            eot = self.tokenizer.eot
-            for picked in loop.run(
-                batch, forward, self.context, settings.tokens, rows, picker.at(first), eot
-            ):
-                stats.add(len(picked), time.perf_counter() - start)
-                yield [(first + i, token) for i, token in picked]
+        with ctrl_c.held() as pressed:
+            for first in range(0, len(ids), rows):
+                if cached:
+                    forward.reset()
+                batch = ids[first : first + rows]
+                eot = self.tokenizer.eot
+                for picked in loop.run(
+                    batch, forward, self.context, settings.tokens, rows, picker.at(first), eot
+                ):
+                    pressed.raise_if_pressed()
+                    stats.add(len(picked), time.perf_counter() - start)
+                    yield [(first + i, token) for i, token in picked]
 
     def pieces(self, prompt: bytes, settings: Settings) -> Iterator[str]:
         """One prompt's new text as it is sampled: a piece per token (bytes that end no UTF-8
