@@ -9,7 +9,10 @@ tiny and random, built with from_config."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,8 +139,8 @@ def llama(scaling: bool) -> tuple[recipe.TransformerConfig, dict, np.ndarray]:
     """A Llama-like dtcli config, its weights copied from transformers' model, and that model's
     log probabilities [BATCH, CONTEXT, VOCAB] of random tokens (float64)."""
     rope = {"rope_type": "default", "rope_theta": 500000.0}
-    if scaling:  # head_dim 8: its four wavelengths meet each of llama3's three cases
-        rope = {**rope, **LLAMA3, "rope_type": "llama3", "original_max_position_embeddings": 8192}
+    if scaling:  # head_dim 8's wavelengths (6, 167, 4443, 118k) meet each of llama3's cases
+        rope = {**rope, **LLAMA3, "rope_type": "llama3", "original_max_position_embeddings": 256}
     hf_cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -145,7 +148,7 @@ def llama(scaling: bool) -> tuple[recipe.TransformerConfig, dict, np.ndarray]:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=512,
         rms_norm_eps=1e-6,
         rope_parameters=rope,
         tie_word_embeddings=False,
@@ -157,8 +160,8 @@ def llama(scaling: bool) -> tuple[recipe.TransformerConfig, dict, np.ndarray]:
         norm_eps=1e-6,
         positions="rope",
         rope_theta=500000.0,
-        rope_scaling=recipe.RopeScalingConfig(**LLAMA3) if scaling else None,
-        max_positions=64,
+        rope_scaling=recipe.RopeScalingConfig(**LLAMA3, original_context=256) if scaling else None,
+        max_positions=512,
         kv_heads=2,
         tie_embeddings=False,
         vocab_size=VOCAB,
@@ -198,26 +201,34 @@ def log_probs(logits: np.ndarray) -> np.ndarray:
     return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
 
 
-def one_device(cfg: recipe.TransformerConfig, weights: dict) -> np.ndarray:
-    """The model's log probabilities of TOKENS on plain variables."""
-    import tensorflow as tf
-
+def plain_model(cfg: recipe.TransformerConfig, weights: dict) -> Any:
+    """The model on plain variables holding `weights`."""
     from dtcli.models.keras import keras_variables
 
-    built = transformer.build(cfg, TABLE)
-    for path, var, _ in keras_variables(built):
+    model = transformer.build(cfg, TABLE)
+    for path, var, _ in keras_variables(model):
         var.assign(weights[path])
-    logits = tf.function(lambda x: built(x, training=False))(tf.constant(TOKENS))
-    return logits.numpy()
+    return model
 
 
-def on_mesh(cfg: recipe.TransformerConfig, weights: dict, rules: dict, fsdp: bool) -> np.ndarray:
-    """The same on batch=2,model=2 (4 of the 8 virtual CPUs) with layout rules (and FSDP)."""
+def one_device(cfg: recipe.TransformerConfig, weights: dict) -> np.ndarray:
+    """The model's logits of TOKENS on plain variables."""
     import tensorflow as tf
-    from tensorflow.experimental import dtensor
 
+    model = plain_model(cfg, weights)
+    return tf.function(lambda x: model(x, training=False))(tf.constant(TOKENS)).numpy()
+
+
+@dataclass
+class OnMesh:
+    model: Any  # the tf_keras.Model
+    mesh: Any
+    plans: list
+
+
+def mesh_model(cfg: recipe.TransformerConfig, weights: dict, rules: dict, fsdp: bool) -> OnMesh:
+    """The model on batch=2,model=2 (4 of the 8 virtual CPUs) with layout rules (and FSDP)."""
     from dtcli import models
-    from dtcli.layout import batch_layout, replicated
     from dtcli.mesh import build_mesh
 
     axes = {"batch": 2, "model": 2}
@@ -232,16 +243,40 @@ def on_mesh(cfg: recipe.TransformerConfig, weights: dict, rules: dict, fsdp: boo
     plans, _ = models.weight_plans(r, (CONTEXT,), TABLE, axes, values=False)
     assert fsdp == any("batch" in p.spec for p in plans)
     built = models.build(r, (CONTEXT,), TABLE, mesh, plans, weights)
-    x = dtensor.relayout(
-        dtensor.copy_to_mesh(tf.constant(TOKENS), replicated(mesh, 2)),
-        batch_layout(mesh, "batch", 2),
-    )
+    return OnMesh(built.module, mesh, plans)
 
-    @tf.function
-    def forward(x):
-        return dtensor.relayout(built.forward(x, False), replicated(mesh, 3))
 
-    return dtensor.unpack(forward(x))[0].numpy()
+def on_batch_axis(array: np.ndarray, mesh: Any) -> Any:
+    """A host array as a DTensor split along its first dim on the batch axis (mesh None: as
+    it is)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    from dtcli.layout import batch_layout, replicated
+
+    if mesh is None:
+        return tf.constant(array)
+    whole = dtensor.copy_to_mesh(tf.constant(array), replicated(mesh, array.ndim))
+    return dtensor.relayout(whole, batch_layout(mesh, "batch", array.ndim))
+
+
+def on_host(value: Any, mesh: Any) -> np.ndarray:
+    from tensorflow.experimental import dtensor
+
+    from dtcli.layout import replicated
+
+    if mesh is None:
+        return value.numpy()
+    return dtensor.unpack(dtensor.relayout(value, replicated(mesh, len(value.shape))))[0].numpy()
+
+
+def on_mesh(cfg: recipe.TransformerConfig, weights: dict, rules: dict, fsdp: bool) -> np.ndarray:
+    """The model's logits of TOKENS on batch=2,model=2."""
+    import tensorflow as tf
+
+    m = mesh_model(cfg, weights, rules, fsdp)
+    forward = tf.function(lambda x: m.model(x, training=False))
+    return on_host(forward(on_batch_axis(TOKENS, m.mesh)), m.mesh)
 
 
 def assert_matches(logits: np.ndarray, reference: np.ndarray) -> None:
@@ -281,3 +316,70 @@ def test_llama_on_batch2_model2_equals_one_device(fsdp, cpu8):
     gap = log_probs(mesh)[..., :VOCAB] - log_probs(alone)[..., :VOCAB]
     assert np.max(np.abs(gap)) < 1e-5
     assert_matches(mesh, reference)
+
+
+PROMPT = 5  # tokens prefilled; the rest decoded one at a time
+
+
+def cached_logits(cfg: recipe.TransformerConfig, model: Any, mesh: Any, plans: list) -> np.ndarray:
+    """The logits generation's KV cache gives for TOKENS: the prefill of the first PROMPT tokens
+    (the later ones of its window zeroed), then one decode step per position after them."""
+    from dtcli.models import decode
+
+    heads = decode.heads_axis(plans, None) if plans else U
+    gpt = decode.CachedGPT(model, cfg, mesh, "batch", heads)
+    window = np.where(np.arange(CONTEXT) < PROMPT, TOKENS, 0).astype(np.int32)
+    last = np.broadcast_to(np.arange(CONTEXT) == PROMPT - 1, (BATCH, CONTEXT))
+    refill = np.ones(BATCH, bool)
+    put = lambda a: on_batch_axis(np.ascontiguousarray(a), mesh)  # noqa: E731
+    logits, caches = gpt.prefill(put(window), put(last), put(refill), gpt.empty(BATCH))
+    out = [on_host(logits, mesh)]
+    for p in range(PROMPT, CONTEXT):
+        at = np.broadcast_to(np.arange(CONTEXT) == p, (BATCH, CONTEXT))
+        logits, caches = gpt.decode(put(TOKENS[:, p : p + 1]), put(at), caches)
+        out.append(on_host(logits, mesh))
+    if mesh is not None:  # the caches keep the key kernel's heads axis
+        from tensorflow.experimental import dtensor
+
+        want = ["batch", heads, U, U]
+        assert list(dtensor.fetch_layout(caches[0]).sharding_specs) == want
+    return np.stack(out, axis=1)  # [BATCH, CONTEXT - PROMPT + 1, TABLE]
+
+
+def assert_cache_matches(cached: np.ndarray, full: np.ndarray) -> None:
+    want = full[:, PROMPT - 1 :]
+    assert np.all(np.isneginf(cached[..., VOCAB:]))
+    assert np.max(np.abs(cached[..., :VOCAB] - want[..., :VOCAB])) < 1e-5
+
+
+def test_the_kv_cache_gives_the_full_forward_at_every_position_with_rope_and_gqa(cpu8):
+    cfg, weights, _ = llama(True)
+    full = one_device(cfg, weights)
+    assert_cache_matches(cached_logits(cfg, plain_model(cfg, weights), None, []), full)
+
+
+@pytest.mark.parametrize("kv", [2, 1], ids=["kv-heads-split", "kv-heads-replicated"])
+def test_the_kv_cache_on_batch2_model2_gives_the_full_forward(kv, cpu8):
+    """kv_heads 2: key/value split on model like the queries; 1 (multi-query): the queries
+    split, key/value (and their caches) replicated."""
+    cfg, weights, _ = llama(True)
+    cfg = dataclasses.replace(cfg, kv_heads=kv)
+    if kv == 1:  # one key/value head: the two of the reference model averaged, say
+        for name in list(weights):
+            if name.endswith(("key.kernel", "value.kernel")):
+                weights[name] = weights[name].mean(axis=1, keepdims=True)
+    qkv = r"block_\d+\.attention\.(query|key|value)\.kernel"
+    rules = {k: v for k, v in MEGATRON.items() if k != qkv}
+    rules[r"block_\d+\.attention\.query\.kernel"] = [U, "model", U]
+    if kv == 2:
+        rules[r"block_\d+\.attention\.(key|value)\.kernel"] = [U, "model", U]
+    m = mesh_model(cfg, weights, rules, False)
+    assert decode_heads(m.plans) == ("model" if kv == 2 else U)
+    full = one_device(cfg, weights)
+    assert_cache_matches(cached_logits(cfg, m.model, m.mesh, m.plans), full)
+
+
+def decode_heads(plans: list) -> str:
+    from dtcli.models import decode
+
+    return decode.heads_axis(plans, None)
