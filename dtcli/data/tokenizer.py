@@ -97,10 +97,9 @@ class Tokenizer:
         return int(self.token_bytes[np.asarray(ids, np.int64)].sum())
 
     def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """`text` as one document, encoded in one call as the tokenizer makes it (special
-        tokens its post-processor adds included, such as the BOS of a Llama tokenizer), and
-        where each token's text ends, in UTF-8 bytes of `text` (a special token's: where it
-        stands)."""
+        """`text` encoded whole in one call (the special tokens its post-processor adds
+        included, such as a Llama tokenizer's BOS), and where each token's text ends in
+        `text`'s UTF-8 bytes (a special token's: where it stands)."""
         raise NotImplementedError
 
 
@@ -211,8 +210,7 @@ class HFTokenizer(Tokenizer):
     def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         found = self.tok.encode(text)  # add_special_tokens: the post-processor's template
         ids = np.asarray(found.ids, token_dtype(self.vocab_size))
-        # `tokenizers` gives offsets in characters: their UTF-8 bytes counted from the code
-        # points (a character of 1 to 4 bytes).
+        # offsets in characters, made UTF-8 bytes: 1 to 4 a character, by its code point
         points = np.frombuffer(text.encode("utf-32-le"), np.uint32)
         widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
         byte_at = np.concatenate([[0], np.cumsum(widths)])
