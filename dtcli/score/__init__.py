@@ -134,21 +134,35 @@ def _first_bad_byte(data: bytes) -> int | None:
 
 
 class Scorer:
-    """A language-model checkpoint restored on a mesh, ready to score texts; the compiled
-    forward pass is kept between texts. `use_devices`: the mesh over only the first N devices
-    (session.prepare). `sets`: recipe keys set on the checkpoint's recipe (--set). `stride`:
-    the sliding window's (None: the default), checked against the context before the model is
-    built."""
+    """A language model's session (on its mesh, its weights in place), ready to score texts;
+    the compiled forward pass is kept between texts. `checkpoint`: where its weights came from
+    (the summary's first line). `stride`: the sliding window's (None: the default)."""
 
-    def __init__(
-        self,
+    def __init__(self, session: Any, checkpoint: str = "", stride: int | None = None):
+        self.session = session
+        self.checkpoint = checkpoint
+        self.context = int(session.data.input_shape[0])
+        self.tokenizer = session.data.tokenizer  # the language-model sources give one
+        data = session.recipe.data
+        self.batch = data.eval_batch_size or data.batch_size
+        self.stride = stride
+        self._forward: Any = None
+
+    @classmethod
+    def restored(
+        cls,
         path: Path | str,
         mesh: str | None = None,
         devices: str | None = None,
         use_devices: int | None = None,
         sets: tuple[str, ...] = (),
         stride: int | None = None,
-    ):
+    ) -> Scorer:
+        """A checkpoint folder, or a run directory's newest intact checkpoint, restored on the
+        mesh it was trained on or another one (`use_devices`: over only the first N devices,
+        session.prepare; `sets`: recipe keys set on the checkpoint's recipe, --set); `stride`
+        is checked against the context before the model is built."""
+
         def restore(found: Path, held: Path) -> Any:
             from dtcli.session.restore import restored_session
 
@@ -160,14 +174,8 @@ class Scorer:
             return restored_session(found, held, recipe, "score", use_devices, key)
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
-        self.session = rundir.read_checkpoint(storage.as_path(path), restore)
-        self.checkpoint = str(path)
-        self.context = int(self.session.data.input_shape[0])
-        self.tokenizer = self.session.data.tokenizer  # the language-model sources give one
-        data = self.session.recipe.data
-        self.batch = data.eval_batch_size or data.batch_size
-        self.stride = stride
-        self._forward: Any = None
+        session = rundir.read_checkpoint(storage.as_path(path), restore)
+        return cls(session, str(path), stride)
 
     def rows_for(self, windows: int) -> int:
         """Rows of a batch of `windows`: at most the evaluation batch, a multiple of the data
@@ -238,7 +246,7 @@ def score_path(
         progress_lib.stderr_console(), "score: restoring the checkpoint on the mesh", on=progress
     )
     with beat:
-        scorer = Scorer(path, o.mesh, o.devices, sets=o.sets, stride=stride)
+        scorer = Scorer.restored(path, o.mesh, o.devices, sets=o.sets, stride=stride)
         beat.now("score: compiling the forward pass, scoring the text")
         return scorer.score(text)
 
