@@ -36,6 +36,7 @@ __all__ = [
     "Score",
     "Scorer",
     "Text",
+    "as_json",
     "check_stride",
     "default_stride",
     "read_text",
