@@ -15,6 +15,7 @@ from conftest import ROOT, run_cli, write_corpus
 
 from dtcli import score
 from dtcli.data import tokenizer as tokenizer_lib
+from dtcli.data.document import encode_document
 from dtcli.score import windows as windows_lib
 
 CONTEXT = 16
@@ -112,7 +113,7 @@ def test_a_long_text_every_token_once_from_the_window_the_stride_gives(one):
 def test_stride_context_scores_each_window_as_a_text_of_its_own(one):
     """A text of 3 contexts + 1 tokens with stride = context: the three windows do not overlap,
     and each scores what that window's tokens (and the next one) give scored alone."""
-    ids = one.tokenizer.encode_document(LONG)[0][: 3 * CONTEXT + 1]
+    ids = encode_document(one.tokenizer, LONG)[0][: 3 * CONTEXT + 1]
     whole = one.logprobs(ids, windows_lib.windows(len(ids), CONTEXT, CONTEXT))
     alone = [model_logprobs(one, ids[i * CONTEXT : (i + 1) * CONTEXT + 1]) for i in range(3)]
     np.testing.assert_allclose(whole, np.concatenate(alone), atol=1e-5, rtol=0)
@@ -222,17 +223,17 @@ def test_a_tokenizer_json_encodes_the_whole_text_with_its_template_and_byte_ends
     from tokenizers import processors
 
     bpe = tokenizer_lib.train_bpe([MULTIBYTE * 20, LONG], 300)
-    ids, ends = bpe.encode_document(MULTIBYTE)
+    ids, ends = encode_document(bpe, MULTIBYTE)
     np.testing.assert_array_equal(ids, bpe.encode(MULTIBYTE.encode()))
     np.testing.assert_array_equal(ends, np.cumsum([len(bpe.pieces()[i]) for i in ids]))
     bos = bpe.tok.token_to_id(tokenizer_lib.EOT_TOKEN)
     bpe.tok.post_processor = processors.TemplateProcessing(
         single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
     )
-    with_bos, bos_ends = tokenizer_lib.HFTokenizer(bpe.tok, "bpe").encode_document(MULTIBYTE)
+    with_bos, bos_ends = encode_document(tokenizer_lib.HFTokenizer(bpe.tok, "bpe"), MULTIBYTE)
     assert with_bos[0] == bos and bos_ends[0] == 0
     np.testing.assert_array_equal(with_bos[1:], ids)
-    byte_ids, byte_ends = tokenizer_lib.ByteTokenizer().encode_document(MULTIBYTE)
+    byte_ids, byte_ends = encode_document(tokenizer_lib.ByteTokenizer(), MULTIBYTE)
     assert bytes(byte_ids.astype(np.uint8)) == MULTIBYTE.encode()
     np.testing.assert_array_equal(byte_ends, np.arange(1, len(MULTIBYTE.encode()) + 1))
 
@@ -246,3 +247,90 @@ def test_a_file_that_is_no_text_is_refused_and_text_is_read_whole(tmp_path):
     path.write_bytes(b"abc\xff")
     with pytest.raises(UsageError, match=r"not UTF-8 text \(byte 0xff at offset 3\)"):
         score.read_text(None, str(path))
+
+
+# --------------------------------------------------------------------------- against transformers
+
+# LlamaConfig's names -> model.transformer's (the shared mapping of issue 39).
+LLAMA = {
+    "vocab_size": 300,  # no multiple of 64: the model's vocabulary is 320, ids 300..319 masked
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # grouped-query attention: 2 query heads per K/V head
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 5000.0,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+LLAMA_TRANSFORMER = (
+    "{layers: 2, d_model: 64, heads: 4, kv_heads: 2, activation: swiglu, mlp_hidden: 96, "
+    "norm: rmsnorm, norm_eps: 1.0e-6, positions: rope, rope_theta: 5000.0, max_positions: 64, "
+    "vocab_size: 300, bias: false, tie_embeddings: false, context: 64}"
+)
+
+
+def llama_weights(state: dict, layers: int, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
+    """A LlamaForCausalLM's state dict as dtcli's weights, by the shared mapping: [out, in]
+    projections transposed, q/k/v split into heads, o_proj into [heads, head_dim, d_model]."""
+    t = {k.removeprefix("model."): v.float().numpy() for k, v in state.items()}
+    d = t["embed_tokens.weight"].shape[1]
+    head_dim = d // heads
+    out = {
+        "token_embedding.embeddings": t["embed_tokens.weight"],
+        "ln_f.gamma": t["norm.weight"],
+        "head.kernel": t["lm_head.weight"].T,
+    }
+    for i in range(layers):
+        hf, ours = f"layers.{i}.", f"block_{i}."
+        out[ours + "ln_1.gamma"] = t[hf + "input_layernorm.weight"]
+        out[ours + "ln_2.gamma"] = t[hf + "post_attention_layernorm.weight"]
+        for name, theirs, n in (
+            ("query", "q", heads),
+            ("key", "k", kv_heads),
+            ("value", "v", kv_heads),
+        ):
+            kernel = t[f"{hf}self_attn.{theirs}_proj.weight"].T
+            out[f"{ours}attention.{name}.kernel"] = kernel.reshape(d, n, head_dim)
+        proj = t[hf + "self_attn.o_proj.weight"].T
+        out[ours + "attention.proj.kernel"] = proj.reshape(heads, head_dim, d)
+        for name, theirs in (("gate", "gate"), ("fc", "up"), ("proj", "down")):
+            out[f"{ours}mlp.{name}.kernel"] = t[f"{hf}mlp.{theirs}_proj.weight"].T
+    return out
+
+
+def test_a_llama_like_model_scores_as_transformers_llama_does(cpu8):
+    """SwiGLU, RMSNorm (weights away from 1, so a swap shows), RoPE of theta 5000, 4 query heads
+    on 2 K/V heads, an untied head, vocab_size 300 (the model's 320 rows: the 20 past it take no
+    probability): score's log probabilities are LlamaForCausalLM's on the same weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dtcli import recipe as R
+    from dtcli import session as session_lib
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**LLAMA)).eval()
+    with torch.no_grad():
+        for name, weight in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                weight.normal_(1.0, 0.3)
+    sets = (f"model.transformer={LLAMA_TRANSFORMER}",)
+    overrides = R.Overrides(sets, mesh="batch=1", devices="cpu:8")
+    recipe = R.load(ROOT / "recipes" / "tiny_gpt.yaml", overrides, command="score")
+    session = session_lib.prepare(recipe, splits=(), use_devices=1, command="score")
+    weights = llama_weights(hf.state_dict(), 2, 4, 2)
+    assert set(weights) == set(session.model.variables)  # every weight, nothing else
+    for path, value in weights.items():
+        variable = session.model.variables[path]
+        padded = np.zeros(variable.shape, np.float32)  # the vocabulary's padding: 0s
+        padded[tuple(slice(0, n) for n in value.shape)] = value
+        variable.assign(padded)
+    got = score.Scorer(session).score(text(MULTIBYTE))  # byte tokens: within the context
+    ids = got.tokens.astype(np.int64)
+    assert 1 < len(ids) <= 65 and got.windows == 1
+    with torch.no_grad():
+        logits = hf(torch.tensor(ids[None])).logits[0].double()
+    expected = torch.log_softmax(logits, dim=-1)[torch.arange(len(ids) - 1), ids[1:]].numpy()
+    np.testing.assert_allclose(got.logprobs, expected, atol=1e-4, rtol=0)

@@ -110,12 +110,6 @@ class Tokenizer:
         """UTF-8 bytes of the text the tokens `ids` cover (bits per byte's denominator)."""
         return int(self.token_bytes[np.asarray(ids, np.int64)].sum())
 
-    def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """`text` encoded whole in one call (the special tokens its post-processor adds
-        included, such as a Llama tokenizer's BOS), and where each token's text ends in
-        `text`'s UTF-8 bytes (a special token's: where it stands)."""
-        raise NotImplementedError
-
 
 class ByteTokenizer(Tokenizer):
     """One token per byte, its value: any bytes, UTF-8 or not, round-trip. `eot`: 256 where the
@@ -151,10 +145,6 @@ class ByteTokenizer(Tokenizer):
 
     def target_bytes(self, ids: np.ndarray) -> int:
         return int(np.count_nonzero(np.asarray(ids) < BYTE_VALUES))
-
-    def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        ids = self.encode(text.encode("utf-8"))
-        return ids, np.arange(1, len(ids) + 1)
 
 
 def byte_identity() -> Any:
@@ -220,16 +210,6 @@ class HFTokenizer(Tokenizer):
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets
         ids = [np.asarray(e.ids, dtype) for e in encode(group, add_special_tokens=False)]
         return np.concatenate(ids)
-
-    def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        found = self.tok.encode(text)  # add_special_tokens: the post-processor's template
-        ids = np.asarray(found.ids, token_dtype(self.vocab_size))
-        # offsets in characters, made UTF-8 bytes: 1 to 4 a character, by its code point
-        points = np.frombuffer(text.encode("utf-32-le"), np.uint32)
-        widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
-        byte_at = np.concatenate([[0], np.cumsum(widths)])
-        ends = np.asarray([end for _, end in found.offsets], np.int64)
-        return ids, byte_at[ends]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> bytes:
         if self._byte_level:  # exact, even for ids that end inside a UTF-8 character

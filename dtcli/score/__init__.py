@@ -26,6 +26,7 @@ import numpy as np
 from dtcli import devices as devices_lib
 from dtcli import progress as progress_lib
 from dtcli import rundir, storage
+from dtcli.data.document import encode_document
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.score import windows as windows_lib
@@ -189,7 +190,7 @@ class Scorer:
         from dtcli.mesh import mesh_text
 
         stride = check_stride(self.stride if stride is None else stride, self.context)
-        ids, ends = self.tokenizer.encode_document(text.text)
+        ids, ends = encode_document(self.tokenizer, text.text)
         if len(ids) < 2:
             raise UsageError(
                 f"{text.named}: the text is {len(ids)} token{'s' * (len(ids) != 1)} "
