@@ -365,7 +365,8 @@ def run(spec: str | None = None, probe: bool = True, console: Any = None) -> lis
     return checks
 
 
-# DTENSOR_* names are what a user sets: never broken. The detail is prose and wraps.
+# DTENSOR_* names are what a user sets: never cut (broken after a '_' only where one is wider
+# than the terminal). The detail is prose and wraps.
 COLUMNS = (
     Column("check", "name"),
     Column("status", styles={"ok": "green", "warn": "yellow", "FAIL": "bold red"}),
