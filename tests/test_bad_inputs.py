@@ -203,7 +203,12 @@ CASES: dict[str, Case] = {
     "seed a word": t("seed=abc", expect="recipe key 'seed': expected an integer, got 'abc'"),
     "seed a float": t("seed=1.5", expect="recipe key 'seed': expected an integer, got 1.5"),
     "name a list": t("name=[a, b]", expect="recipe key 'name': expected a string"),
-    "name empty": t("name=", expect="recipe key 'name'"),
+    "name empty": t("name=", expect="--set 'name=': empty value (write name=null to unset it)"),
+    # an empty $STEPS in a script read as null: a full run started
+    "set an empty value": t(
+        "train.steps=", expect="--set 'train.steps=': empty value (write train.steps=null to unset"
+    ),
+    "set a blank value": t("train.steps= ", expect="--set 'train.steps= ': empty value"),
     "name with a slash": t("name=a/b", expect="recipe key 'name'"),
     "devices cpu:0": t("devices=cpu:0", expect="devices"),
     "devices cpu:08": t("devices=cpu:08", expect="devices"),

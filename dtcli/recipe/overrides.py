@@ -204,8 +204,12 @@ def apply_set(raw: dict, assignment: str) -> None:
         raise UsageError(
             f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4"
         )
+    if not text.strip():  # an empty $STEPS in a script: to YAML null, a silent full run
+        raise UsageError(
+            f"--set {assignment!r}: empty value (write {key.strip()}=null to unset it)"
+        )
     try:
-        value = load_yaml(text) if text.strip() else None
+        value = load_yaml(text)
     except DuplicateKey as dup:
         inner = dup.path if dup.path.startswith("[") else f".{dup.path}"
         raise UsageError(
