@@ -220,48 +220,57 @@ def _print_stacked(
             i for i in heads if columns[i].kind == "name"
         ]
 
-    def cell(cells: dict[int, str], i: int) -> str:
-        if columns[i].kind == "name" and i == heads[-1]:
-            return cells[i]  # nothing follows it: no padding
-        return cells[i].rjust(widths[i]) if columns[i].right else cells[i].ljust(widths[i])
-
-    def head_lines(cells: dict[int, str], style: str = "") -> list[Any]:
-        lines = [Text(style=style)]
-        for n, i in enumerate(heads):
-            text = cell(cells, i)
-            cell_style = columns[i].styles.get(cells[i], "")
-            # The line as printed: a value's padding stays in it, before the 2-space gap.
-            if n and len(lines[-1].plain) + 2 + len(text.rstrip()) > console.width:
-                # A name too long to follow the values: on the next line, broken where
-                # even that line is too narrow for it.
-                for piece in break_name(text.rstrip(), console.width):
-                    lines.append(Text(style=style))
-                    lines[-1].append(piece, style=cell_style)
-                continue
-            if n:
-                lines[-1].append("  ")
-            lines[-1].append(text, style=cell_style)
-        for line in lines:
-            line.rstrip()
-        return lines
-
     def say(text: Any) -> None:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     if title:
         say(title)
-    for line in head_lines({i: columns[i].header for i in heads}, style="bold"):
+    header = {i: columns[i].header for i in heads}
+    for line in _head_lines(header, columns, heads, widths, console.width, style="bold"):
         say(line)
     for i in prose:
         say(Text(_STACKED_INDENT + columns[i].header, style="bold"))
     for row in rows:
-        for line in head_lines({i: row[i] for i in heads}):
+        for line in _head_lines({i: row[i] for i in heads}, columns, heads, widths, console.width):
             say(line)
         for i in prose:
             for line in wrap_prose(row[i], room):
                 say(_STACKED_INDENT + line)
     if caption:
         console.print(caption, markup=False, highlight=False, soft_wrap=False)
+
+
+def _head_lines(
+    cells: dict[int, str],
+    columns: Sequence[Column],
+    heads: list[int],
+    widths: dict[int, int],
+    width: int,
+    style: str = "",
+) -> list[Any]:
+    """A stacked row's cells but its prose (`heads`, in order), aligned in `widths`, in lines of
+    at most `width`: a name that does not fit after the values goes on the next line, broken
+    where even that line is too narrow for it."""
+    from rich.text import Text
+
+    lines = [Text(style=style)]
+    for n, i in enumerate(heads):
+        text = cells[i]
+        if not (columns[i].kind == "name" and i == heads[-1]):  # nothing follows it: no padding
+            text = text.rjust(widths[i]) if columns[i].right else text.ljust(widths[i])
+        cell_style = columns[i].styles.get(cells[i], "")
+        # The line as printed: a value's padding stays in it, before the 2-space gap.
+        if n and len(lines[-1].plain) + 2 + len(text.rstrip()) > width:
+            for piece in break_name(text.rstrip(), width):
+                lines.append(Text(style=style))
+                lines[-1].append(piece, style=cell_style)
+            continue
+        if n:
+            lines[-1].append("  ")
+        lines[-1].append(text, style=cell_style)
+    for line in lines:
+        line.rstrip()
+    return lines
 
 
 def _print_plain(
