@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtcli.errors import UsageError, one_line
@@ -142,6 +143,26 @@ def _visible_gpus(tf: Any, count: int | None, spec: str, key: str) -> int:
     except RuntimeError:
         pass  # already initialized in this process with the same GPUs
     return count
+
+
+# Where a Linux machine shows its GPUs without TensorFlow: the NVIDIA driver lists one folder per
+# GPU; a container or WSL may show only device files (NVIDIA's, ROCm's, WSL's GPU paravirtual).
+NVIDIA_GPUS = "proc/driver/nvidia/gpus"
+GPU_DEVICE_FILES = ("dev/nvidia[0-9]*", "dev/kfd", "dev/dxg")
+
+
+def gpus_without_tensorflow(root: Path = Path("/")) -> int | None:
+    """How many GPUs this machine has, as far as one can tell before TensorFlow starts (seconds
+    a client): the NVIDIA driver's count; 0 where no GPU shows at all; None where one may be
+    there but cannot be counted (a device file only, or a system other than Linux)."""
+    listed = root / NVIDIA_GPUS
+    if listed.is_dir():
+        return sum(1 for _ in listed.iterdir())
+    if not (root / "proc").is_dir():  # not Linux: nothing to read
+        return None
+    if any(any(root.glob(pattern)) for pattern in GPU_DEVICE_FILES):
+        return None
+    return 0
 
 
 def local_share(total: int, clients: int, where: str) -> int:

@@ -339,6 +339,8 @@ def default_devices() -> str:
 def run(spec: str | None = None, probe: bool = True, console: Any = None) -> list[Check]:
     """Every check, in order; the probes only when there are several devices. `console`: where
     doctor says what it does as it goes (the probes take a minute on a CPU)."""
+    if spec is not None:  # a mistake in --devices is named before TensorFlow's start, as train's
+        devices_lib.parse(spec, "--devices")
     with _doing(console, "starting TensorFlow"):
         tfruntime.import_tensorflow()
     checks = [_versions(), _cpu(), *_env_flags()]
@@ -365,7 +367,8 @@ def run(spec: str | None = None, probe: bool = True, console: Any = None) -> lis
     return checks
 
 
-# DTENSOR_* names are what a user sets: never broken. The detail is prose and wraps.
+# DTENSOR_* names are what a user sets: never cut (broken after a '_' only where one is wider
+# than the terminal). The detail is prose and wraps.
 COLUMNS = (
     Column("check", "name"),
     Column("status", styles={"ok": "green", "warn": "yellow", "FAIL": "bold red"}),

@@ -7,13 +7,15 @@ when even that does not fit, the columns marked droppable go first. Where a tabl
 still does not fit side by side (doctor's 47-character flag names beside a path at 80 columns),
 each row is stacked instead: its other cells whole on one line, its prose wrapped below it;
 where even that line does not fit (40 columns), its values lead and its names follow, on the
-next line where a name is too long to follow them.
+next line where a name is too long to follow them; a name wider than the terminal itself is the
+one name broken, after a '_' or at a space.
 Anywhere else (a pipe, a file) the table is plain text, complete, one row a line, with no box
 and no colour, so `grep` and `head` see whole rows.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,7 +29,8 @@ _STACKED_INDENT = "    "
 @dataclass(frozen=True)
 class Column:
     header: str
-    # name: never broken or cut; prose: wraps at spaces; value: cut with an ellipsis.
+    # name: never cut, broken only where it is wider than the terminal (stacked rows);
+    # prose: wraps at spaces; value: cut with an ellipsis.
     kind: Literal["name", "prose", "value"] = "value"
     right: bool = False
     drop: int = 0  # > 0: may be dropped at a narrow terminal, the highest first
@@ -78,6 +81,20 @@ def wrap_prose(text: str, width: int) -> list[str]:
                 line = part
     lines.append(line)
     return [x for x in lines if x]
+
+
+def break_name(name: str, width: int) -> list[str]:
+    """`name` in lines of at most `width`, for a terminal narrower than it: broken after a '_'
+    or at a space (DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION at 40 columns), and a part
+    longer than `width` cut with an ellipsis."""
+    lines = [""]
+    for part in re.findall(r"[^_ ]*(?:_+| +|$)", name):
+        if lines[-1] and len(lines[-1]) + len(part.rstrip()) > width:
+            lines[-1] = lines[-1].rstrip()
+            lines.append("")
+        lines[-1] += part
+    cut = [line if len(line) <= width else line[: width - 1] + "…" for line in lines]
+    return [line.rstrip() for line in cut if line.strip()]
 
 
 def print_table(
@@ -203,42 +220,57 @@ def _print_stacked(
             i for i in heads if columns[i].kind == "name"
         ]
 
-    def cell(cells: dict[int, str], i: int) -> str:
-        if columns[i].kind == "name" and i == heads[-1]:
-            return cells[i]  # nothing follows it: no padding
-        return cells[i].rjust(widths[i]) if columns[i].right else cells[i].ljust(widths[i])
-
-    def head_lines(cells: dict[int, str], style: str = "") -> list[Any]:
-        lines = [Text(style=style)]
-        for n, i in enumerate(heads):
-            text = cell(cells, i)
-            line = lines[-1]
-            if n and len(line.plain.rstrip()) + 2 + len(text.rstrip()) > console.width:
-                lines.append(Text(style=style))  # a name too long to follow the values
-            elif n:
-                line.append("  ")
-            lines[-1].append(text, style=columns[i].styles.get(cells[i], ""))
-        for line in lines:
-            line.rstrip()
-        return lines
-
     def say(text: Any) -> None:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     if title:
         say(title)
-    for line in head_lines({i: columns[i].header for i in heads}, style="bold"):
+    header = {i: columns[i].header for i in heads}
+    for line in _head_lines(header, columns, heads, widths, console.width, style="bold"):
         say(line)
     for i in prose:
         say(Text(_STACKED_INDENT + columns[i].header, style="bold"))
     for row in rows:
-        for line in head_lines({i: row[i] for i in heads}):
+        for line in _head_lines({i: row[i] for i in heads}, columns, heads, widths, console.width):
             say(line)
         for i in prose:
             for line in wrap_prose(row[i], room):
                 say(_STACKED_INDENT + line)
     if caption:
         console.print(caption, markup=False, highlight=False, soft_wrap=False)
+
+
+def _head_lines(
+    cells: dict[int, str],
+    columns: Sequence[Column],
+    heads: list[int],
+    widths: dict[int, int],
+    width: int,
+    style: str = "",
+) -> list[Any]:
+    """A stacked row's cells but its prose (`heads`, in order), aligned in `widths`, in lines of
+    at most `width`: a name that does not fit after the values goes on the next line, broken
+    where even that line is too narrow for it."""
+    from rich.text import Text
+
+    lines = [Text(style=style)]
+    for n, i in enumerate(heads):
+        text = cells[i]
+        if not (columns[i].kind == "name" and i == heads[-1]):  # nothing follows it: no padding
+            text = text.rjust(widths[i]) if columns[i].right else text.ljust(widths[i])
+        cell_style = columns[i].styles.get(cells[i], "")
+        # The line as printed: a value's padding stays in it, before the 2-space gap.
+        if n and len(lines[-1].plain) + 2 + len(text.rstrip()) > width:
+            for piece in break_name(text.rstrip(), width):
+                lines.append(Text(style=style))
+                lines[-1].append(piece, style=cell_style)
+            continue
+        if n:
+            lines[-1].append("  ")
+        lines[-1].append(text, style=cell_style)
+    for line in lines:
+        line.rstrip()
+    return lines
 
 
 def _print_plain(

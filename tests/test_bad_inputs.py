@@ -203,7 +203,12 @@ CASES: dict[str, Case] = {
     "seed a word": t("seed=abc", expect="recipe key 'seed': expected an integer, got 'abc'"),
     "seed a float": t("seed=1.5", expect="recipe key 'seed': expected an integer, got 1.5"),
     "name a list": t("name=[a, b]", expect="recipe key 'name': expected a string"),
-    "name empty": t("name=", expect="recipe key 'name'"),
+    "name empty": t("name=", expect="--set 'name=': empty value (write name=null to unset it)"),
+    # an empty $STEPS in a script read as null: a full run started
+    "set an empty value": t(
+        "train.steps=", expect="--set 'train.steps=': empty value (write train.steps=null to unset"
+    ),
+    "set a blank value": t("train.steps= ", expect="--set 'train.steps= ': empty value"),
     "name with a slash": t("name=a/b", expect="recipe key 'name'"),
     "devices cpu:0": t("devices=cpu:0", expect="devices"),
     "devices cpu:08": t("devices=cpu:08", expect="devices"),
@@ -842,7 +847,18 @@ CASES: dict[str, Case] = {
     "devices arg above the cap": c("train", "{q}", "--devices", "cpu:5000", expect="--devices"),
     "devices arg gpu:x": c("train", "{q}", "--devices", "gpu:x", expect="--devices"),
     "devices arg empty": c("train", "{q}", "--devices", "", expect="--devices"),
-    "epochs arg zero": c("train", "{q}", "--epochs", "0", expect="epochs"),
+    # the option named, as --devices is: the value was typed, not read from the recipe
+    "epochs arg zero": c(
+        "train", "{q}", "--epochs", "0", expect="error: --epochs 0: expected an integer >= 1"
+    ),
+    "mesh arg two fills": c(
+        *("train", "{q}", "--mesh", "batch=-1,model=-1"),
+        expect="error: --mesh 'batch=-1,model=-1': at most one axis may be -1",
+    ),
+    "launch epochs arg zero": c(
+        *("launch", "{q}", "--clients", "2", "--epochs", "0"),
+        expect="error: --epochs 0: expected an integer >= 1",
+    ),
     "epochs arg a word": c("train", "{q}", "--epochs", "two", expect="--epochs"),
     "unknown option": c("train", "{q}", "--epoch", "2", expect="No such option: --epoch"),
     "option without value": c("train", "{q}", "--out", expect="--out"),
@@ -1062,7 +1078,17 @@ CASES: dict[str, Case] = {
     "eval batch zero": c("eval", "{run}", "--batch-size", "0", expect="--batch-size"),
     # the checkpoint by its own path, not the private folder it is read through
     "eval batch not dividing": c(
-        "eval", "{run}", "--batch-size", "30", expect="(recipe stored with {ckpt})"
+        *("eval", "{run}", "--batch-size", "30"),
+        expect="error: --batch-size 30: eval batches of 30 do not divide by the data axis 'batch' "
+        "of size 4 (mesh batch=4,model=2); pass --batch-size N with N a multiple of 4 (recipe "
+        "stored with {ckpt})",
+    ),
+    # eval's batch is data.eval_batch_size, else data.batch_size: named, with eval's own option
+    "eval mesh not dividing the recipe's batch": c(
+        *("eval", "{run}", "--mesh", "batch=3", "--devices", "cpu:3"),
+        expect="error: recipe key 'data.batch_size': eval batches of 64 (data.eval_batch_size, "
+        "default data.batch_size) do not divide by the data axis 'batch' of size 3 (mesh "
+        "batch=3,model=1); pass --batch-size N with N a multiple of 3",
     ),
     "eval batch a word": c("eval", "{run}", "--batch-size", "big", expect="--batch-size"),
     "eval bad mesh": c(
@@ -1303,7 +1329,7 @@ CASES: dict[str, Case] = {
         "{q}",
         "--epochs",
         str(10**20),
-        expect="recipe key 'train.epochs': expected at most 2**31 - 1 (2,147,483,647), got 1",
+        expect=f"--epochs {10**20}: expected at most 2**31 - 1 (2,147,483,647), got 1",
     ),
     "steps past any run": lm(
         "train.steps=3000000000", expect="recipe key 'train.steps': expected at most"

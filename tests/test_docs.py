@@ -122,7 +122,8 @@ def test_readme_quick_start_holds_the_lines_ci_runs():
 
 def test_the_folders_documented_commands_write_are_git_ignored():
     """A documented command run in the repository (`train ... --out runs/qs`, `prepare-text ...
-    --out shards/tiny`) leaves `git status` clean: each relative --out folder's top is ignored."""
+    --out shards/tiny`, `plot runs/dp runs/quickstart-*` into ./plots) leaves `git status` clean:
+    each relative folder's top is ignored."""
     ignored = {
         line.strip().rstrip("/")
         for line in (ROOT / ".gitignore").read_text().splitlines()
@@ -134,5 +135,10 @@ def test_the_folders_documented_commands_write_are_git_ignored():
             # Relative paths only: not /shared/..., gs://..., "$RUN", nor a placeholder (DIR).
             for folder in re.findall(r"--out[ =]+([a-z][\w.-]*(?:/[\w.-]+)*)(?=\s|$)", block[0]):
                 tops.add(folder.split("/")[0])
-    assert {"runs", "shards"} <= tops  # what the README's examples write today
+            # `dtcli plot` of several runs (or a glob) without --out writes ./plots.
+            for line in re.findall(r"^dtcli plot (.*)$", block[0], re.MULTILINE):
+                runs = [a for a in line.split("#")[0].split() if not a.startswith(("-", "["))]
+                if "--out" not in line and (len(runs) > 1 or "*" in line):
+                    tops.add("plots")
+    assert {"runs", "shards", "plots"} <= tops  # what the README's examples write today
     assert tops <= ignored, f"not in .gitignore: {sorted(tops - ignored)}"

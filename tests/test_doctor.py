@@ -193,3 +193,18 @@ def test_no_progress_leaves_doctor_nothing_to_say_as_it_goes(cli, monkeypatch):
     assert quiet.code == said.code == 0, quiet.err
     assert consoles[0] is None and consoles[1] is not None  # where doctor says it: nowhere
     assert "versions" in quiet.out and quiet.err == ""
+
+
+@pytest.mark.parametrize("spec", ["cpu:abc", "cpu:0", "npu", ""])
+def test_doctor_refuses_bad_devices_before_starting_tensorflow(spec):
+    """`dtcli doctor --devices cpu:abc` said `doctor: starting TensorFlow...` and only then, 5 to
+    40 s later, refused the spec: train parses --devices first, and so does doctor now."""
+    from rich.console import Console
+
+    from dtcli import doctor as doctor_lib
+    from dtcli.errors import UsageError
+
+    said = io.StringIO()
+    with pytest.raises(UsageError, match=r"^--devices: expected cpu, cpu:N, gpu"):
+        doctor_lib.run(spec, console=Console(file=said))
+    assert said.getvalue() == ""  # nothing started, nothing said

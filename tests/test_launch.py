@@ -753,3 +753,38 @@ def test_a_launched_non_chief_client_stops_without_its_own_line(monkeypatch, chi
         run_lib.train(R.load(QUICK), cluster=cluster)
     if not chief:
         assert caught.value.code == 143
+
+
+def test_gpus_are_counted_without_tensorflow(tmp_path):
+    from dtcli.devices import gpus_without_tensorflow
+
+    assert gpus_without_tensorflow(tmp_path) is None  # no /proc: not Linux, nothing to read
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "dev").mkdir()
+    assert gpus_without_tensorflow(tmp_path) == 0  # Linux, and no sign of a GPU
+    (tmp_path / "dev" / "dxg").touch()  # WSL's GPU: there, but not counted
+    assert gpus_without_tensorflow(tmp_path) is None
+    listed = tmp_path / "proc" / "driver" / "nvidia" / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (listed / bus).mkdir(parents=True)
+    assert gpus_without_tensorflow(tmp_path) == 2
+
+
+@pytest.mark.parametrize("found", [0, 1, 2, None])
+def test_launch_checks_the_gpus_per_client_before_any_client_starts(found, monkeypatch, tmp_path):
+    """On a machine without GPUs, `--devices-per-client gpu:1` started both clients, and each
+    failed after its TensorFlow started with `--devices 'gpu:2': TensorFlow sees no GPU`, an
+    option the user never typed."""
+    from dtcli import devices as devices_lib
+    from dtcli import launch as launch_lib
+    from dtcli import recipe as R
+
+    monkeypatch.setattr(devices_lib, "gpus_without_tensorflow", lambda: found)
+    given = R.Overrides(mesh="batch=2")
+    if found in (0, 1):
+        there = "this machine shows no GPU" if found == 0 else "the NVIDIA driver lists 1 GPU "
+        with pytest.raises(UsageError, match=rf"^--devices-per-client gpu:1: {there}.* need 2;"):
+            launch_lib.plan(QUICK, 2, "gpu:1", given, out=tmp_path / "run")
+        return
+    p = launch_lib.plan(QUICK, 2, "gpu:1", given, out=tmp_path / "run")  # None: TF will tell
+    assert p.gpus_per_client == 1 and p.devices == "gpu:2"

@@ -458,3 +458,27 @@ def test_messages_show_values_as_yaml_not_python(assignment, shown):
     message = str(info.value)
     assert message.endswith(shown), message
     assert not any(word in message for word in ("True", "False", "None", "inf)"))
+
+
+def test_a_mistake_in_a_key_an_option_set_names_the_option():
+    """`--epochs 0` said `recipe key 'train.epochs'`, a key the user never typed (as --devices
+    already named itself): each option that sets a recipe key is named, with its value."""
+    given = R.Overrides(
+        sets=("seed=1",), mesh="batch=-1", devices="gpu:2", epochs=0, eval_batch_size=30
+    )
+    named = {
+        "recipe key 'train.epochs': expected an integer >= 1, got 0": "--epochs 0: expected",
+        "recipe key 'mesh': at most one axis may be -1": "--mesh 'batch=-1': at most",
+        "recipe key 'mesh.model': not a usable axis name": "--mesh 'batch=-1': not a usable",
+        "recipe key 'devices' = 'gpu:2': TensorFlow sees no GPU": "--devices 'gpu:2': TensorFlow",
+        "recipe key 'data.eval_batch_size': eval batches of 30": "--batch-size 30: eval batches",
+    }
+    for message, start in named.items():
+        assert str(given.named(UsageError(message))).startswith(start), message
+    for message in ("recipe key 'seed': expected", "recipe key 'train.steps': x", "mesh a: b"):
+        assert str(given.named(UsageError(message))) == message  # not an option's key
+    assert str(R.Overrides().named(UsageError("recipe key 'mesh': x"))) == "recipe key 'mesh': x"
+    with pytest.raises(UsageError, match=r"^--epochs 0: expected an integer >= 1, got 0$"):
+        R.load(RECIPES / "quickstart.yaml", R.Overrides(epochs=0))
+    with pytest.raises(UsageError, match=r"^recipe key 'train.epochs': expected an integer >= 1"):
+        R.load(RECIPES / "quickstart.yaml", R.Overrides(sets=("train.epochs=0",)))

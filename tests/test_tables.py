@@ -143,21 +143,55 @@ def test_doctor_narrower_than_a_name_and_its_status_puts_the_status_first_or_abo
 ):
     """At 40 columns the stacked rows were 55 characters wide (a 47-character name, then its
     status), so the status wrapped onto a line of its own under the name. Now the status leads,
-    aligned: beside the name where both fit, else on the line above it. A name longer than the
-    terminal is the one line over the width: names are never broken."""
+    aligned: beside the name where both fit, else on the line above it; a name longer than the
+    terminal is broken after a '_'."""
     monkeypatch.setenv("COLUMNS", str(width))
     text = io.StringIO()
     doctor.render(DOCTOR_CHECKS, Console(file=text, force_terminal=True, color_system=None))
     lines = text.getvalue().splitlines()
-    names = {check.name for check in DOCTOR_CHECKS}
-    assert all(len(line) <= width or line in names for line in lines), lines
+    assert max(len(line) for line in lines) <= width, lines
     assert lines[1].split() == ["status", "check"]
     for check in DOCTOR_CHECKS:
         beside = [check.status, check.name] in [line.split() for line in lines]
         above = any(a == check.status and b == check.name for a, b in zip(lines, lines[1:]))
+        if len(check.name) > width:  # on the lines below the status, broken after a '_'
+            at = next(n for n, line in enumerate(lines) if check.name.startswith(line))
+            assert lines[at - 1] == check.status and "_" in lines[at][-1]
+            assert "".join(lines[at : at + 2]) == check.name
+            continue
         assert beside != above, check.name  # one or the other
         assert beside == (len(check.status.ljust(6)) + 2 + len(check.name) <= width)
     _path_whole_or_broken_after_a_slash(lines, CACHE)
+
+
+def doctor_rows() -> list[doctor.Check]:
+    """The rows `dtcli doctor --devices cpu:8` prints: its own checks, then its probes'."""
+    checks = doctor.run("cpu:8", probe=False)
+    probes = ["probe: DTensor runtime (fused step)", "probe: dtcli train steps"] + [
+        f"probe: dtcli {api} + {optimizer}"
+        for api in ("keras", "core")
+        for optimizer in ("sgd", "adam", "adamw")
+    ]
+    detail = "1 device vs batch=4,model=2, 5 steps: max relative weight difference 3.1e-08"
+    return checks + [doctor.Check(name, True, detail) for name in probes]
+
+
+def test_every_doctor_line_fits_every_width_from_30_to_80(cpu8, monkeypatch):
+    """At 40 columns a terminal broke `DTENSOR_GPU_USE_NCCL_COMMUNICATI|ON` and `probe: DTensor
+    runtime (fused st|ep)`: the stacked row's fit was judged without the status's padding (2
+    characters for `ok`, 6 printed), and a name wider than the terminal was printed whole."""
+    monkeypatch.setenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "1")  # its longer detail
+    rows = doctor_rows()
+    names = {row.name for row in rows}
+    assert "DTENSOR_ENABLE_COMBINE_ALL_REDUCES_OPTIMIZATION" in names and "cpu" in names
+    for width in range(30, 81):
+        console, text = terminal(width)
+        doctor.render(rows, console)
+        lines = text.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width, (width, lines)
+        shown = " ".join(text.getvalue().split())
+        for row in rows:  # whole, or broken at a space or after a '_'
+            assert row.name in shown or row.name in shown.replace("_ ", "_"), (width, row.name)
 
 
 def test_prose_breaks_at_spaces_and_a_long_path_after_a_slash():

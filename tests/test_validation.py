@@ -443,7 +443,7 @@ def test_virtual_cpu_cap_in_a_recipe_and_through_the_mesh():
         R.load,
         RECIPES / "quickstart.yaml",
         R.Overrides(mesh="batch=128"),
-        match=r"^recipe key 'mesh': batch=128,model=1 asks for 128 devices",
+        match=r"^--mesh 'batch=128': batch=128,model=1 asks for 128 devices",
     )
     assert R.load(RECIPES / "quickstart.yaml", R.Overrides(mesh="batch=64")).mesh == {
         "batch": 64,

@@ -98,6 +98,8 @@ def _devices(
                 "(a local launch splits one host's devices)"
             )
         total = spec.count * clients
+        if spec.kind == "gpu":
+            _check_gpus(per_client, clients, spec.count)
         try:
             mesh_lib.resolve_axes(recipe.mesh, total)  # the mesh must take exactly these devices
         except UsageError:
@@ -123,6 +125,24 @@ def _devices(
             "gets its own K GPUs"
         )
     return None, None
+
+
+def _check_gpus(per_client: str, clients: int, count: int) -> None:
+    """The GPUs the clients split, there before any client starts: each would find none only
+    after its TensorFlow started, and name a --devices the user never typed."""
+    found = devices_lib.gpus_without_tensorflow()
+    if found is None or found >= clients * count:
+        return
+    there = (
+        "this machine shows no GPU (no NVIDIA driver, no GPU device file)"
+        if found == 0
+        else f"the NVIDIA driver lists {found} GPU{'' if found == 1 else 's'} "
+        f"(/{devices_lib.NVIDIA_GPUS})"
+    )
+    raise UsageError(
+        f"--devices-per-client {per_client}: {there}, and {clients} clients x {count} need "
+        f"{clients * count}; use cpu:K to run the clients on the CPU"
+    )
 
 
 def _ports(clients: int, first: int | None) -> list[int]:

@@ -92,12 +92,14 @@ def load(
 ) -> Recipe:
     """Load a recipe (a file, or a raw mapping), apply command-line overrides (an Overrides, or
     just --set assignments), validate it all for `command` (COMMANDS: which batches it runs).
-    The raw mapping given is not changed."""
+    A mistake in a key a command-line option set names the option (Overrides.named). The raw
+    mapping given is not changed."""
     if not isinstance(overrides, Overrides):
         overrides = Overrides(tuple(overrides or ()))
-    if isinstance(path, dict):
-        return from_mapping(overrides.apply(path), command=command)
-    return from_mapping(read_with_overrides(path, overrides), command=command)
+    with overrides.naming():  # `--epochs 0`, not `recipe key 'train.epochs'`
+        if isinstance(path, dict):
+            return from_mapping(overrides.apply(path), command=command)
+        return from_mapping(read_with_overrides(path, overrides), command=command)
 
 
 def read_with_overrides(path: str | Path, overrides: Overrides = NO_OVERRIDES) -> dict:

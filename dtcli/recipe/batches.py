@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dtcli import devices as devices_lib
 from dtcli.errors import UsageError
-from dtcli.mesh import UNSHARDED, check_batch, resolve_axes
+from dtcli.mesh import UNSHARDED, check_batch, data_shards, mesh_text, resolve_axes
 from dtcli.recipe.configs import Recipe
 
 COMMANDS = ("train", "eval", "generate", "score", "export")
@@ -38,9 +38,26 @@ def check_batches(recipe: Recipe, axes: dict[str, int], command: str) -> None:
     """Each batch `command` uses divides by the data axis of the mesh `axes` (sizes known)."""
     axis = recipe.layouts.data_axis
     for key, batch in batches_used(recipe, command).items():
-        check_batch(axes, axis, batch, key)
+        if command == "eval":
+            _check_eval_batch(axes, axis, batch, key)
+        else:
+            check_batch(axes, axis, batch, key)
     if command == "train":
         check_micro_batch(recipe, axes)
+
+
+def _check_eval_batch(axes: dict[str, int], axis: str, batch: int, key: str) -> None:
+    """eval's batch, named as eval's command line changes it (--batch-size): the recipe's
+    data.batch_size was what a user read first, not knowing eval had a batch of its own."""
+    shards = data_shards(axes, axis)
+    if batch % shards == 0:
+        return
+    which = " (data.eval_batch_size, default data.batch_size)" if key == "data.batch_size" else ""
+    raise UsageError(
+        f"recipe key '{key}': eval batches of {batch}{which} do not divide by the data axis "
+        f"'{axis}' of size {shards} (mesh {mesh_text(axes)}); pass --batch-size N with N a "
+        f"multiple of {shards}"
+    )
 
 
 def check_batches_at_load(recipe: Recipe, command: str) -> None:

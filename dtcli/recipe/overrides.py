@@ -1,12 +1,15 @@
-"""What the command line changes in a recipe (--set, --mesh, --devices, --epochs): one
-`Overrides` that applies itself to a raw recipe, and turns itself back into those options for
-the clients `dtcli launch` starts."""
+"""What the command line changes in a recipe (--set, --mesh, --devices, --epochs, eval's
+--batch-size): one `Overrides` that applies itself to a raw recipe, names the option that set a
+recipe key in a message about that key, and turns itself back into those options for the
+clients `dtcli launch` starts."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ class Overrides:
     mesh: str | None = None  # --mesh AXIS=SIZE,...
     devices: str | None = None  # --devices
     epochs: int | None = None  # --epochs
+    eval_batch_size: int | None = None  # eval's --batch-size
 
     def __post_init__(self) -> None:
         # The command line gives a list: kept as a tuple, so equal overrides compare equal.
@@ -49,7 +53,49 @@ class Overrides:
             raw["devices"] = self.devices
         if self.epochs is not None:
             _set_epochs(raw, self.epochs)
+        if self.eval_batch_size is not None:
+            if not isinstance(raw.setdefault("data", {}), dict):
+                raise UsageError("recipe key 'data': expected a mapping")
+            raw["data"]["eval_batch_size"] = self.eval_batch_size
         return raw
+
+    def options(self) -> dict[str, str]:
+        """{recipe key: the option that set it, with its value} for each option given that
+        sets a recipe key (--set aside: it names its keys itself)."""
+        given = {
+            "mesh": None if self.mesh is None else f"--mesh {self.mesh!r}",
+            "devices": None if self.devices is None else f"--devices {self.devices!r}",
+            "train.epochs": None if self.epochs is None else f"--epochs {self.epochs}",
+            "data.eval_batch_size": None
+            if self.eval_batch_size is None
+            else f"--batch-size {self.eval_batch_size}",
+        }
+        return {key: option for key, option in given.items() if option is not None}
+
+    def named(self, exc: UsageError) -> UsageError:
+        """`exc` as the user should read it: a message that starts with a recipe key an option
+        set (`recipe key 'train.epochs'`, `recipe key 'mesh.batch'`, `recipe key 'devices' =
+        'gpu'`) names that option instead (`--epochs 0`), since the value is the one typed on
+        the command line; any other message as it is."""
+        found = _KEY_FIRST.match(str(exc))
+        if found is None:
+            return exc
+        key = found.group(1)
+        for set_key, option in self.options().items():
+            if key == set_key or key.startswith(set_key + "."):
+                return UsageError(option + str(exc)[found.end() :])
+        return exc
+
+    @contextlib.contextmanager
+    def naming(self) -> Iterator[None]:
+        """UsageErrors raised inside name the option that set their recipe key (`named`)."""
+        try:
+            yield
+        except UsageError as exc:
+            renamed = self.named(exc)
+            if renamed is exc:
+                raise
+            raise renamed from exc
 
     def to_argv(self) -> list[str]:
         """The overrides as `dtcli train` options (what `dtcli launch` passes to each client)."""
@@ -62,8 +108,14 @@ class Overrides:
             argv += ["--epochs", str(self.epochs)]
         if self.devices is not None:
             argv += ["--devices", self.devices]
+        if self.eval_batch_size is not None:
+            argv += ["--batch-size", str(self.eval_batch_size)]
         return argv
 
+
+# A message that starts with a recipe key, and that key's value where it shows one
+# (devices._named).
+_KEY_FIRST = re.compile(r"recipe key '([^']*)'(?: = '[^']*')?")
 
 # No overrides: the recipe as written (a default argument: Overrides is frozen).
 NO_OVERRIDES = Overrides()
@@ -152,8 +204,12 @@ def apply_set(raw: dict, assignment: str) -> None:
         raise UsageError(
             f"--set {assignment!r}: expected KEY.PATH=VALUE, like optimizer.learning_rate=3e-4"
         )
+    if not text.strip():  # an empty $STEPS in a script: to YAML null, a silent full run
+        raise UsageError(
+            f"--set {assignment!r}: empty value (write {key.strip()}=null to unset it)"
+        )
     try:
-        value = load_yaml(text) if text.strip() else None
+        value = load_yaml(text)
     except DuplicateKey as dup:
         inner = dup.path if dup.path.startswith("[") else f".{dup.path}"
         raise UsageError(

@@ -163,8 +163,7 @@ def checkpoint_recipe(
     if batch_size is not None:
         if batch_size < 1:
             raise UsageError(f"--batch-size {batch_size}: expected a positive integer")
-        sets = (*overrides.sets, f"data.eval_batch_size={batch_size}")
-        overrides = dataclasses.replace(overrides, sets=sets)
+        overrides = dataclasses.replace(overrides, eval_batch_size=batch_size)
     try:
         recipe = recipe_lib.load(raw, overrides, command=command)
         stored = recipe_lib.load(raw, command=command)
