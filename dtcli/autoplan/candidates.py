@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dtcli.layout import WeightInfo
 from dtcli.mesh import UNSHARDED
+from dtcli.models import transformer as transformer_lib
 
 U = UNSHARDED
 
@@ -69,17 +70,10 @@ def factorizations(count: int, parts: int) -> list[tuple[int, ...]]:
     return out
 
 
-def gpt_tensor_parallel(model_axis: str) -> dict[str, list[str]]:
-    """Megatron rules for dtcli's GPT (recipes/tiny_gpt_tensor_parallel.yaml): heads, the MLP's
-    hidden units and the embeddings' features split along the model axis."""
-    m = model_axis
-    return {
-        r"(token|position)_embedding\.embeddings": [U, m],
-        r"block_\d+\.attention\.(query|key|value)\.kernel": [U, m, U],
-        r"block_\d+\.attention\.proj\.kernel": [m, U, U],
-        r"block_\d+\.mlp\.fc\.kernel": [U, m],
-        r"block_\d+\.mlp\.proj\.kernel": [m, U],
-    }
+def gpt_tensor_parallel(model_axis: str, gated: bool = False) -> dict[str, list[str]]:
+    """Megatron rules for dtcli's GPT (models.transformer.tensor_parallel_rules; `gated`: the
+    model has SwiGLU's gate)."""
+    return transformer_lib.tensor_parallel_rules(model_axis, gated)
 
 
 def dense_tensor_parallel(weights: list[WeightInfo], model_axis: str) -> dict[str, list[str]]:
@@ -107,7 +101,8 @@ def tensor_parallel_rules(
 ) -> dict[str, list[str]]:
     """The model's tensor-parallel rules: dtcli's GPT's, or a Dense stack's (empty: none)."""
     if transformer:
-        return gpt_tensor_parallel(model_axis)
+        gated = any(".mlp.gate." in w.path for w in weights)
+        return gpt_tensor_parallel(model_axis, gated)
     return dense_tensor_parallel(weights, model_axis)
 
 
