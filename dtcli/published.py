@@ -29,7 +29,8 @@ from dtcli import mesh as mesh_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.hf import config as hf_config
-from dtcli.hf import headers as headers_lib
+from dtcli.hf import names as hf_names
+from dtcli.hf.safetensors_io import INDEX, SINGLE, Entry, ModelFiles
 from dtcli.recipe import Overrides, Recipe
 
 MASTER_BYTES = 4  # dtcli trains float32 master weights, whatever dtype the files hold
@@ -44,7 +45,7 @@ class Published:
     transformer: dict[str, Any]  # the model.transformer keys (hf.config)
     vocab_size: int  # config.json's, the real vocabulary
     parameters: int  # what config.json implies (a tied head once)
-    tensors: dict[str, headers_lib.Tensor] | None  # the files' headers; None: config only
+    tensors: dict[str, Entry] | None  # the files' headers; None: config only
 
     @property
     def dtypes(self) -> list[str]:
@@ -52,7 +53,7 @@ class Published:
 
     @property
     def file_bytes(self) -> int:
-        return sum(t.bytes for t in (self.tensors or {}).values())
+        return sum(t.end - t.begin for t in (self.tensors or {}).values())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,59 +82,39 @@ def read(folder: str) -> Published:
     (hf.config: what maps, what is refused)."""
     config = hf_config.read(folder)
     keys = config.transformer
-    implied, optional, prefix = implied_tensors(config.raw, keys)
-    tensors = headers_lib.read_folder(config.folder)
-    if tensors is not None:
-        headers_lib.check(tensors, implied, optional, config.folder, prefix)
-    parameters = sum(math.prod(s) for name, s in implied.items() if name not in optional)
+    implied = {m.hf: m.hf_shape for m in hf_names.mappings(config.model_type, keys)}
+    tensors = None
+    if (config.folder / INDEX).is_file() or (config.folder / SINGLE).is_file():
+        tensors = ModelFiles(config.folder).entries
+        check_tensors(tensors, implied, config)
+    parameters = sum(math.prod(shape) for shape in implied.values())
     return Published(config.folder, config.model_type, keys, config.vocab_size, parameters, tensors)
 
 
-def implied_tensors(
-    config: dict[str, Any], keys: dict[str, Any]
-) -> tuple[dict[str, tuple[int, ...]], set[str], str]:
-    """The tensors (name -> shape) a checkpoint of this config holds, as Hugging Face names
-    them; the names that may be absent (a tied head); the prefix names may carry or not."""
-    d, layers, vocab = keys["d_model"], keys["layers"], keys["vocab_size"]
-    heads = keys["heads"]
-    kv = keys.get("kv_heads") or heads
-    head_dim = d // heads
-    hidden = keys.get("mlp_hidden") or keys.get("mlp_ratio", 4) * d
-    out: dict[str, tuple[int, ...]] = {}
-    if config.get("model_type") == "gpt2":
-        out["wte.weight"] = (vocab, d)
-        out["wpe.weight"] = (keys.get("max_positions") or keys["context"], d)
-        for i in range(layers):
-            h = f"h.{i}"
-            for part, shape in (
-                ("ln_1", (d,)),
-                ("ln_2", (d,)),
-                ("attn.c_attn", (d, 3 * d)),
-                ("attn.c_proj", (d, d)),
-                ("mlp.c_fc", (d, hidden)),
-                ("mlp.c_proj", (hidden, d)),
-            ):
-                out[f"{h}.{part}.weight"] = shape
-                out[f"{h}.{part}.bias"] = (shape[-1],)
-        out["ln_f.weight"] = out["ln_f.bias"] = (d,)
-        out["lm_head.weight"] = (vocab, d)
-        return out, {"lm_head.weight"}, "transformer."
-    out["model.embed_tokens.weight"] = (vocab, d)
-    for i in range(layers):
-        b = f"model.layers.{i}"
-        out[f"{b}.input_layernorm.weight"] = (d,)
-        out[f"{b}.self_attn.q_proj.weight"] = (heads * head_dim, d)
-        out[f"{b}.self_attn.k_proj.weight"] = (kv * head_dim, d)
-        out[f"{b}.self_attn.v_proj.weight"] = (kv * head_dim, d)
-        out[f"{b}.self_attn.o_proj.weight"] = (d, heads * head_dim)
-        out[f"{b}.post_attention_layernorm.weight"] = (d,)
-        out[f"{b}.mlp.gate_proj.weight"] = (hidden, d)
-        out[f"{b}.mlp.up_proj.weight"] = (hidden, d)
-        out[f"{b}.mlp.down_proj.weight"] = (d, hidden)
-    out["model.norm.weight"] = (d,)
-    out["lm_head.weight"] = (vocab, d)
-    tied = {"lm_head.weight"} if keys.get("tie_embeddings") else set()
-    return out, tied, ""
+def check_tensors(
+    tensors: dict[str, Entry], implied: dict[str, tuple[int, ...]], config: hf_config.HfConfig
+) -> None:
+    """The files' tensors against those config.json implies (hf.names), one line naming the
+    first that disagrees: a shape, a tensor the config has no place for (a tied head stored
+    anyway is let be), one it implies that the files lack. Buffers are no tensors here."""
+    found = hf_names.file_names(config.model_type, list(tensors))
+    vocab, d = config.vocab_size, config.transformer["d_model"]
+    for canonical, name in found.items():
+        shape, where = tensors[name].shape, f"{tensors[name].file}: tensor {name!r}"
+        if canonical not in implied:
+            if canonical == "lm_head.weight" and shape == (vocab, d):
+                continue  # a tied head some savers write out: the embedding's copy
+            raise UsageError(f"{where} has no place in the model config.json describes")
+        if shape != implied[canonical]:
+            raise UsageError(
+                f"{where} has shape {list(shape)}; config.json implies {list(implied[canonical])}"
+            )
+    missing = [name for name in implied if name not in found]
+    if missing:
+        raise UsageError(
+            f"{config.folder}: config.json implies a tensor {missing[0]!r} its safetensors "
+            f"files lack ({len(missing)} missing)"
+        )
 
 
 def recipe_for(

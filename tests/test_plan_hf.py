@@ -1,5 +1,5 @@
 """`dtcli plan HF_DIR`: a published model planned from its config.json and safetensors headers,
-before anything is loaded (dtcli/published.py, dtcli/hf/headers.py, autoplan/nominal.py).
+before anything is loaded (dtcli/published.py, autoplan/nominal.py).
 
 The fixtures in tests/data/hf are config.json files as the hub ships them (Llama 3 8B, GPT-2
 small), without weights; small checkpoints are saved by transformers here, so that the headers
