@@ -175,7 +175,9 @@ def make_report(
             mesh_lib.device_count_for(recipe.mesh),
             devices_key or devices_lib.RECIPE_KEY,
         )
-        input_shape, num_classes = data_lib.describe(recipe.data)
+        input_shape, num_classes = data_lib.describe(
+            recipe.data, vocab_size=recipe.model.real_vocab
+        )
     else:
         devices, input_shape, num_classes = planned
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)

@@ -72,7 +72,7 @@ def describe_model(recipe: Recipe, shapes: tuple[tuple[int, ...], int] | None = 
     if shapes is None:
         from dtcli import data as data_lib
 
-        shapes = data_lib.describe(recipe.data)
+        shapes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
     input_shape, num_classes = shapes
     axes = {a: 1 for a in recipe.mesh}
     plain = recipe_lib.replace(
