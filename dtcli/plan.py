@@ -41,6 +41,10 @@ class Report:
     transformer: Any = None
     memory: memory_lib.Memory | None = None  # what a device holds to train (make_report)
     budget: memory_lib.Budget = memory_lib.NO_BUDGET
+    # A published model (`dtcli plan HF_DIR`): what its folder holds (published.Published's
+    # JSON) and the lines that say what the plan assumed of it; None for a recipe.
+    published: dict[str, Any] | None = None
+    assumed: tuple[str, ...] = ()
 
     @property
     def unused_rules(self) -> list[str]:
@@ -116,6 +120,8 @@ class Report:
                     "note": acts.note,
                 },
             }
+        if self.published is not None:
+            memory["published"] = {**self.published, "assumed": list(self.assumed)}
         return {
             "recipe": self.name,
             "mesh": dict(self.axes),
@@ -150,27 +156,36 @@ def make_report(
     recipe: Recipe,
     budget: memory_lib.Budget = memory_lib.NO_BUDGET,
     devices_key: str | None = None,
+    planned: tuple[Any, tuple[int, ...], int] | None = None,
 ) -> Report:
     """Resolve the mesh against the devices and plan every weight (errors as `train` gives),
     and the memory each device needs against `budget` (none given: the device's own memory,
     where TensorFlow reports it). `devices_key`: how errors name the devices
-    (devices.key_for: --devices where the command line gave them)."""
-    from dtcli import data as data_lib
+    (devices.key_for: --devices where the command line gave them). `planned`: (devices,
+    input shape, vocabulary) of a model planned before anything is loaded (`published_report`):
+    the devices are not configured nor the data described."""
     from dtcli import devices as devices_lib
     from dtcli import models
 
-    devices = devices_lib.configure(
-        recipe.devices,
-        mesh_lib.device_count_for(recipe.mesh),
-        devices_key or devices_lib.RECIPE_KEY,
-    )
+    if planned is None:
+        from dtcli import data as data_lib
+
+        devices = devices_lib.configure(
+            recipe.devices,
+            mesh_lib.device_count_for(recipe.mesh),
+            devices_key or devices_lib.RECIPE_KEY,
+        )
+        input_shape, num_classes = data_lib.describe(
+            recipe.data, vocab_size=recipe.model.real_vocab
+        )
+    else:
+        devices, input_shape, num_classes = planned
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
     data_axis = recipe.layouts.data_axis
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
     recipe_lib.check_micro_batch(recipe, axes)
-    input_shape, num_classes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
     plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes, values=False)
-    if budget.bytes is None:
+    if budget.bytes is None and planned is None:
         limit = devices_lib.memory_limit(devices)
         if limit is not None:
             budget = memory_lib.Budget(limit, source=f"{devices.device_type} memory")
@@ -191,6 +206,28 @@ def make_report(
     )
 
 
+def published_report(
+    folder: str,
+    overrides: recipe_lib.Overrides,
+    budget: memory_lib.Budget = memory_lib.NO_BUDGET,
+    devices_key: str | None = None,
+) -> Report:
+    """`dtcli plan HF_DIR`: a published model's plan from its config.json and safetensors
+    headers alone (dtcli.published: the recipe it makes and what it assumes), for the devices
+    named, which need not be on this machine; no TensorFlow."""
+    import dataclasses
+
+    from dtcli import devices as devices_lib
+    from dtcli import published as published_lib
+
+    key = devices_key or devices_lib.RECIPE_KEY
+    model = published_lib.read(folder)
+    raw, recipe, assumed = published_lib.recipe_for(model, overrides, "data_axis", key)
+    devices = published_lib.planned_devices(raw, key)
+    report = make_report(recipe, budget, key, (devices, *published_lib.shapes(recipe, model)))
+    return dataclasses.replace(report, published=model.to_json(), assumed=tuple(assumed))
+
+
 def refuse_over_budget(report: Report) -> None:
     """A plan that does not fit its budget: one line (exit 2), after the plan is shown."""
     if report.memory is not None:
@@ -205,6 +242,10 @@ def render(report: Report, console: Any) -> None:
     then the layout warnings."""
     from rich.markup import escape
 
+    from dtcli.published import header_lines
+
+    for line in header_lines(report.published, report.assumed):
+        console.print(escape(line), highlight=False, soft_wrap=not console.is_terminal)
     _weights_table(report, console)
     for line in fsdp_notes(report.plans):
         console.print(escape(line), highlight=False, soft_wrap=not console.is_terminal)

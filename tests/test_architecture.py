@@ -13,10 +13,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dtcli"
 # lower ones, never a higher layer's. The same order as docs/architecture.md.
 LAYERS: list[set[str]] = [
     {"errors", "storage", "tfruntime", "tables", "cpuinfo"},
-    {"mesh", "devices", "cluster"},
+    {"mesh", "devices", "cluster", "hf"},
     {"recipe"},
     {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics", "stretches"},
-    {"session", "steps", "rundir", "progress", "runlog", "plot", "memory"},
+    {"session", "steps", "rundir", "progress", "runlog", "plot", "memory", "published"},
     {"train", "evaluate", "generate", "score", "export", "plan", "autoplan", "doctor", "launch"},
     {"cli", "terminal", "__main__"},
 ]

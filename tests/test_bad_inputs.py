@@ -23,6 +23,7 @@ from dtcli import rundir
 
 QUICK = str(RECIPES / "quickstart.yaml")
 GPT = str(RECIPES / "tiny_gpt.yaml")
+LLAMA3_8B = str(RECIPES.parent / "tests" / "data" / "hf" / "llama3_8b")
 
 
 @dataclass(frozen=True)
@@ -1159,6 +1160,22 @@ CASES: dict[str, Case] = {
         "plan", "{r}", expect="'name'", setup=recipe_text("name: a\nname: b\n")
     ),
     "plan unknown option": c("plan", "{q}", "--jsn", expect="No such option"),
+    # ---- plan HF_DIR (a Hugging Face model folder)
+    "plan hf no config.json": c("plan", "{tmp}", "--devices", "gpu:8", expect="has no config.json"),
+    "plan hf no device count": c("plan", LLAMA3_8B, expect="needs the device count"),
+    "plan hf auto measure": c(
+        "plan", LLAMA3_8B, "--auto", "--devices", "gpu:8", "--measure", "5", expect="predicts only"
+    ),
+    "plan hf auto write": c(
+        "plan",
+        LLAMA3_8B,
+        "--auto",
+        "--devices",
+        "gpu:8",
+        "--write",
+        "{tmp}/o.yaml",
+        expect="--write: dtcli plan HF_DIR",
+    ),
     # ---- plan --auto
     "auto with mesh": c("plan", "{q}", "--auto", "--mesh", "batch=8", expect="--mesh: --auto"),
     "auto top zero": c("plan", "{q}", "--auto", "--top", "0", expect="--top 0: expected"),

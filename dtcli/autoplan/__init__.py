@@ -15,6 +15,7 @@ A command at the layer of `plan` (docs/architecture.md): it imports the engine's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass
@@ -128,7 +129,6 @@ def run(
     """Search, predict, (measure), then print, and write what was asked for. What takes long
     (the first calibration, the measurements) says so on stderr as it goes."""
     from dtcli.autoplan import calibrate
-    from dtcli.autoplan.cost import predict
 
     err = progress_lib.stderr_console()
     raw = recipe_lib.read_with_overrides(recipe_path, overrides)
@@ -137,18 +137,11 @@ def run(
         base.devices, mesh_lib.device_count_for(base.mesh), devices_lib.key_for(overrides.devices)
     )
     model = search.describe_model(base)
-    found = search.enumerate_for(base, model, devices.count, devices.device_type)
-    checked = search.merge_equal(
-        [search.check(raw, c, model, budget, devices.device_type) for c in found]
-    )
-    search.refuse_if_none_fits(checked, budget)
+    checked = _checked(raw, base, model, devices, budget)
     rates, fresh = calibrate.rates_for(
         devices.device_type, devices.count, err, opts.recalibrate, opts.progress
     )
-    for c in checked:
-        if c.workload is not None:
-            c.prediction = predict(c.workload, rates.rates_for(c.workload))
-    rows = report_lib.ranked(checked)
+    rows = _predicted(checked, rates)
     sets = _sets_mapping(overrides)
     if opts.measure is not None:
         _measure(rows, opts, recipe_path, sets, err)
@@ -171,6 +164,98 @@ def run(
         opts.write.write_text(text)
         if not opts.as_json:
             console.print(f"wrote {opts.write}: dtcli train {opts.write}", highlight=False)
+
+
+def run_published(
+    folder: str, overrides: recipe_lib.Overrides, opts: AutoOptions, budget: Any, console: Any
+) -> None:
+    """`dtcli plan HF_DIR --auto`: a published model's candidates (dtcli.published: one
+    sequence per device, the same batch for all), priced by the devices' calibration where this
+    machine has them, else by the kind's nominal rates (autoplan.nominal), which the output
+    states; predicted only (--measure and --write need a recipe with data)."""
+    from dtcli import published as published_lib
+    from dtcli.autoplan import calibrate, nominal
+
+    for option, given in (("--measure", opts.measure), ("--write", opts.write)):
+        if given is not None:
+            raise UsageError(
+                f"{option}: dtcli plan HF_DIR --auto predicts only (nothing to train on: the "
+                "weights are not loaded and there is no data); use it with a recipe"
+            )
+    key = devices_lib.key_for(overrides.devices)
+    published = published_lib.read(folder)
+    raw, base, assumed = published_lib.recipe_for(published, overrides, "devices", key)
+    planned = published_lib.planned_devices(raw, key)
+    model = search.describe_model(base, published_lib.shapes(base, published))
+    sheet = None if _present(planned) else nominal.NOMINAL.get(planned.device_type)
+    if sheet is None:
+        devices = devices_lib.configure(base.devices, planned.count, key)
+    else:
+        devices = planned
+        if budget.bytes is None:
+            budget = dataclasses.replace(budget, bytes=sheet.memory, source=sheet.name)
+    checked = _checked(raw, base, model, devices, budget)
+    if sheet is None:
+        err = progress_lib.stderr_console()
+        rates, fresh = calibrate.rates_for(
+            devices.device_type, devices.count, err, opts.recalibrate, opts.progress
+        )
+        kind = calibrate.device_kind(devices.device_type, devices.count)
+    else:
+        rates, fresh = sheet.calibration(devices.count, base.train.precision), False
+        kind = f"{devices.text} {sheet.name} (not on this machine)"
+        assumed.append(
+            f"rates: {sheet.text(base.train.precision)}; {devices.text} is not on "
+            "this machine, so the ranking is by these, never measured"
+        )
+    rows = _predicted(checked, rates)
+    extra = {
+        "recipe": base.name,
+        "devices": devices.text,
+        "device_kind": kind,
+        "nominal": sheet is not None,
+        "rates": rates.to_json(),
+        "calibrated_now": fresh,
+        "published": {**published.to_json(), "assumed": assumed},
+        "repeats": None,
+    }
+    if not opts.as_json:
+        for line in [f"assumed: {line}" for line in assumed]:
+            console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
+    chosen = report_lib.chosen_index(rows)
+    _give_back(rows, chosen, opts, base, model, devices, extra, budget, console)
+
+
+def _present(devices: devices_lib.Devices) -> bool:
+    """Whether this machine has the devices a published model is planned for: virtual CPUs
+    always; GPUs where TensorFlow sees as many; TPUs and `auto` as their runtime finds them."""
+    if devices.device_type != "GPU":
+        return True
+    from dtcli.tfruntime import import_tensorflow
+
+    return len(import_tensorflow().config.list_physical_devices("GPU")) >= devices.count
+
+
+def _checked(
+    raw: dict, base: recipe_lib.Recipe, model: search.Model, devices: Any, budget: Any
+) -> list[search.Checked]:
+    """Every candidate of the devices, checked as `train` checks it; none fitting refused."""
+    found = search.enumerate_for(base, model, devices.count, devices.device_type)
+    checked = search.merge_equal(
+        [search.check(raw, c, model, budget, devices.device_type) for c in found]
+    )
+    search.refuse_if_none_fits(checked, budget)
+    return checked
+
+
+def _predicted(checked: list[search.Checked], rates: Any) -> list[search.Checked]:
+    """The candidates with their predicted step times, ranked."""
+    from dtcli.autoplan.cost import predict
+
+    for c in checked:
+        if c.workload is not None:
+            c.prediction = predict(c.workload, rates.rates_for(c.workload))
+    return report_lib.ranked(checked)
 
 
 def _give_back(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dtcli.layout import WeightInfo
 from dtcli.mesh import UNSHARDED
+from dtcli.models import transformer as transformer_lib
 
 U = UNSHARDED
 
@@ -71,24 +72,12 @@ def factorizations(count: int, parts: int) -> list[tuple[int, ...]]:
 
 QKV_RULE = r"block_\d+\.attention\.(query|key|value)\.kernel"
 QUERY_RULE = r"block_\d+\.attention\.query\.kernel"
-GATE_RULE = r"block_\d+\.mlp\.gate\.kernel"
 
 
-def gpt_tensor_parallel(model_axis: str, gate: bool = False) -> dict[str, list[str]]:
-    """Megatron rules for dtcli's GPT (recipes/tiny_gpt_tensor_parallel.yaml): heads, the MLP's
-    hidden units and the embeddings' features split along the model axis (`gate`: swiglu's
-    gate matrix too, split as fc is)."""
-    m = model_axis
-    rules = {
-        r"(token|position)_embedding\.embeddings": [U, m],
-        QKV_RULE: [U, m, U],
-        r"block_\d+\.attention\.proj\.kernel": [m, U, U],
-        r"block_\d+\.mlp\.fc\.kernel": [U, m],
-        r"block_\d+\.mlp\.proj\.kernel": [m, U],
-    }
-    if gate:
-        rules[GATE_RULE] = [U, m]
-    return rules
+def gpt_tensor_parallel(model_axis: str, gated: bool = False) -> dict[str, list[str]]:
+    """Megatron rules for dtcli's GPT (models.transformer.tensor_parallel_rules; `gated`: the
+    model has SwiGLU's gate)."""
+    return transformer_lib.tensor_parallel_rules(model_axis, gated)
 
 
 def key_value_replicated(rules: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -147,8 +136,8 @@ def tensor_parallel_rules(
 ) -> dict[str, list[str]]:
     """The model's tensor-parallel rules: dtcli's GPT's, or a Dense stack's (empty: none)."""
     if transformer:
-        gate = any(w.path.endswith(".mlp.gate.kernel") for w in weights)
-        return gpt_tensor_parallel(model_axis, gate)
+        gated = any(".mlp.gate." in w.path for w in weights)
+        return gpt_tensor_parallel(model_axis, gated)
     return dense_tensor_parallel(weights, model_axis)
 
 

@@ -65,12 +65,15 @@ class Model:
     weights: list[layout_lib.WeightInfo]
 
 
-def describe_model(recipe: Recipe) -> Model:
-    """The data's shapes (headers only) and the model's weights (arithmetic for dtcli's GPT and
-    Core MLP; a tf-keras model is built once on the host, as `dtcli plan` does)."""
-    from dtcli import data as data_lib
+def describe_model(recipe: Recipe, shapes: tuple[tuple[int, ...], int] | None = None) -> Model:
+    """The data's shapes (headers only; `shapes`: given, a published model's) and the model's
+    weights (arithmetic for dtcli's GPT and Core MLP; a tf-keras model is built once on the
+    host, as `dtcli plan` does)."""
+    if shapes is None:
+        from dtcli import data as data_lib
 
-    input_shape, num_classes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
+        shapes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
+    input_shape, num_classes = shapes
     axes = {a: 1 for a in recipe.mesh}
     plain = recipe_lib.replace(
         recipe,

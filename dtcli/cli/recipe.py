@@ -19,7 +19,11 @@ from dtcli.errors import UsageError
 
 
 def plan(
-    recipe: str = typer.Argument(..., help="The recipe YAML file."),
+    recipe: str = typer.Argument(
+        ...,
+        help="The recipe YAML file, or a Hugging Face model folder (config.json, safetensors "
+        "headers: nothing loaded).",
+    ),
     sets: list[str] | None = SetOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
@@ -43,22 +47,30 @@ def plan(
     no_progress: bool = NoStatusOption,
 ) -> None:
     """Show where every weight lives on the mesh and what each device holds; trains nothing.
-    With --auto: the meshes and layouts that fit, ranked by a calibrated cost model."""
+    With --auto: the meshes and layouts that fit, ranked by a calibrated cost model. A Hugging
+    Face model folder: planned from its config.json, for devices that need not be here."""
     from dtcli import autoplan
     from dtcli import devices as devices_lib
     from dtcli import memory as memory_lib
     from dtcli import plan as plan_lib
     from dtcli import recipe as recipe_lib
+    from dtcli.published import is_model_folder
 
     budget = memory_lib.budget_from_args(memory)
     opts = autoplan.options(
         auto, mesh, top, measure, write, plot_file, as_json, recalibrate, repeats, not no_progress
     )
+    published = is_model_folder(recipe)
     if opts is not None:
-        autoplan.run(recipe, overrides(sets, None, devices), opts, budget, console())
+        search = autoplan.run_published if published else autoplan.run
+        search(recipe, overrides(sets, None, devices), opts, budget, console())
         return
-    loaded = recipe_lib.load(recipe, overrides(sets, mesh, devices))
-    report = plan_lib.make_report(loaded, budget, devices_lib.key_for(devices))
+    if published:
+        given = overrides(sets, mesh, devices)
+        report = plan_lib.published_report(recipe, given, budget, devices_lib.key_for(devices))
+    else:
+        loaded = recipe_lib.load(recipe, overrides(sets, mesh, devices))
+        report = plan_lib.make_report(loaded, budget, devices_lib.key_for(devices))
     if as_json:
         import json
 

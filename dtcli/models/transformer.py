@@ -48,6 +48,7 @@ import math
 from typing import Any
 
 from dtcli.layout import WeightInfo
+from dtcli.mesh import UNSHARDED
 from dtcli.recipe import TransformerConfig
 
 
@@ -148,3 +149,21 @@ def flops_per_token(cfg: TransformerConfig, vocab: int, context: int) -> float:
     positions = cfg.position_rows * cfg.d_model if cfg.positions == "learned" else 0
     matmul_weights = parameters(cfg, vocab) - positions
     return 6.0 * matmul_weights + 12.0 * cfg.layers * cfg.d_model * context
+
+
+def tensor_parallel_rules(model_axis: str, gated: bool = False) -> dict[str, list[str]]:
+    """Megatron's layout rules for this model (recipes/tiny_gpt_tensor_parallel.yaml): the
+    heads, the MLP's hidden units and the embeddings' features split along `model_axis`;
+    `gated`: SwiGLU's gate (`mlp.gate`) split as `mlp.fc` is. What `plan --auto` tries, and
+    `plan HF_DIR`'s default on a model axis."""
+    m, u = model_axis, UNSHARDED
+    rules = {
+        r"(token|position)_embedding\.embeddings": [u, m],
+        r"block_\d+\.attention\.(query|key|value)\.kernel": [u, m, u],
+        r"block_\d+\.attention\.proj\.kernel": [m, u, u],
+        r"block_\d+\.mlp\.fc\.kernel": [u, m],
+        r"block_\d+\.mlp\.proj\.kernel": [m, u],
+    }
+    if gated:
+        rules[r"block_\d+\.mlp\.gate\.kernel"] = [u, m]
+    return rules
