@@ -189,6 +189,15 @@ def _open(run: Run, path: Path) -> None:
         run.latest = run.folder.latest_checkpoint("--resume", "to resume from", run.warn)
 
 
+def _weights_from_hf(session: Session) -> None:
+    """model.from_hf: the new run's step-0 weights are the folder's (models.hf_weights)."""
+    from dtcli import models
+    from dtcli.models import hf_weights
+
+    folder = session.recipe.model.from_hf
+    hf_weights.load_folder(session.model, folder, lambda v, var: models.place(v, var, session.mesh))
+
+
 def _train(run: Run) -> RunResult:
     """Set up the session, restore a resume's checkpoint, run the loop, plot and sum up."""
     from dtcli import checkpoint as ckpt_lib
@@ -205,6 +214,8 @@ def _train(run: Run) -> RunResult:
         tokenizer_file=run.folder.tokenizer,
     )
     run.recipe = session.recipe
+    if run.resume is None and run.recipe.model.from_hf:
+        _weights_from_hf(session)
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
         run.folder.keep_tokenizer(session.data.tokenizer.to_json())
