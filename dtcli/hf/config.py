@@ -130,7 +130,10 @@ def _gpt2(raw: dict[str, Any], where: str) -> dict[str, Any]:
     get = {**GPT2_DEFAULTS, **raw}.get
     for key, value in GPT2_FIXED.items():
         if raw.get(key, value) != value:
-            raise ConfigError(f"{where}: {key} {raw[key]!r} is not supported (expected {value})")
+            raise ConfigError(
+                f"{where}: {key} {json.dumps(raw[key])} is not supported (expected "
+                f"{json.dumps(value)})"
+            )
     act = get("activation_function")
     if act not in GPT2_ACTIVATIONS:
         raise ConfigError(
