@@ -95,13 +95,7 @@ def plan_weights(
             )
         for dim, (size, axis) in enumerate(zip(w.shape, spec)):
             if axis != UNSHARDED and size % axes[axis]:
-                why = ""
-                if _HEADS_DIM.search(w.path) and dim == _HEADS_DIM_INDEX[w.path.split(".")[-2]]:
-                    why = (
-                        f" (it is the attention heads: {size} heads cannot be split over "
-                        f"{axes[axis]} devices without splitting a head; use a '{axis}' axis "
-                        f"that divides model.transformer.heads, or more heads)"
-                    )
+                why = _heads_hint(w.path, dim, size, axis, axes[axis])
                 raise UsageError(
                     f"recipe key '{key}': dim {dim} of weight '{w.path}' has size {size}, "
                     f"which does not divide by mesh axis '{axis}' of size {axes[axis]}{why}"
@@ -225,6 +219,25 @@ def check_fsdp_layers(plans: list[WeightPlan], data_axis: str, axes: dict[str, i
 # dtcli.transformer's attention kernels: the dim that counts heads, by projection.
 _HEADS_DIM = re.compile(r"\.attention\.(query|key|value|proj)\.kernel$")
 _HEADS_DIM_INDEX = {"query": 1, "key": 1, "value": 1, "proj": 0}
+
+
+def _heads_hint(path: str, dim: int, size: int, axis: str, devices: int) -> str:
+    """Why a dim that counts attention heads cannot split: a head is never split (the
+    key/value kernels count model.transformer.kv_heads)."""
+    part = path.split(".")[-2]
+    if not _HEADS_DIM.search(path) or dim != _HEADS_DIM_INDEX[part]:
+        return ""
+    if part in ("key", "value"):
+        return (
+            f" (it is the key/value heads: {size} heads cannot be split over {devices} devices "
+            f"without splitting a head; split query alone and keep key and value replicated, or "
+            f"use a '{axis}' axis that divides model.transformer.kv_heads)"
+        )
+    return (
+        f" (it is the attention heads: {size} heads cannot be split over {devices} devices "
+        f"without splitting a head; use a '{axis}' axis that divides model.transformer.heads, "
+        "or more heads)"
+    )
 
 
 def idle_axes(axes: dict[str, int], plans: list[WeightPlan], data_axis: str) -> list[str]:

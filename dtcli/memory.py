@@ -244,7 +244,7 @@ def plan_memory(recipe: Recipe, axes: dict[str, int]) -> Memory:
 
     mesh_lib.check_batch(axes, recipe.layouts.data_axis, recipe.data.batch_size, "data.batch_size")
     recipe_lib.check_micro_batch(recipe, axes)
-    input_shape, num_classes = data_lib.describe(recipe.data)
+    input_shape, num_classes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
     plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes, values=False)
     return estimate(recipe, plans, axes, input_shape, num_classes)
 

@@ -168,7 +168,7 @@ def make_report(
     data_axis = recipe.layouts.data_axis
     mesh_lib.check_batch(axes, data_axis, recipe.data.batch_size, "data.batch_size")
     recipe_lib.check_micro_batch(recipe, axes)
-    input_shape, num_classes = data_lib.describe(recipe.data)
+    input_shape, num_classes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
     plans, _ = models.weight_plans(recipe, input_shape, num_classes, axes, values=False)
     if budget.bytes is None:
         limit = devices_lib.memory_limit(devices)

@@ -493,6 +493,27 @@ CASES: dict[str, Case] = {
         "model.transformer.layerz=2", expect="'model.transformer.layerz' (did you mean 'layers'?)"
     ),
     "transformer dropout 1": lm("model.transformer.dropout=1", expect="transformer.dropout"),
+    # issue 39: the architecture options
+    "transformer kv_heads not dividing heads": lm(
+        "model.transformer.kv_heads=3", expect="recipe key 'model.transformer.kv_heads'"
+    ),
+    "transformer context past max_positions": lm(
+        "model.transformer.max_positions=32", expect="recipe key 'model.transformer.context'"
+    ),
+    "transformer rope_scaling without rope": lm(
+        "model.transformer.rope_scaling={factor: 8.0}",
+        expect="recipe key 'model.transformer.rope_scaling': scales rope",
+    ),
+    "transformer tokenizer past vocab_size": lm(
+        "model.transformer.vocab_size=100",
+        expect="recipe key 'model.transformer.vocab_size': the tokenizer (byte tokens) makes 256 ids, more than the model's 100",
+    ),
+    "tensor parallel key/value heads not dividing": c(
+        "train",
+        str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),
+        *s("model.transformer.kv_heads=2"),
+        expect="it is the key/value heads: 2 heads cannot be split over 4 devices",
+    ),
     "text path missing": lm("data.path=nope.txt", expect="recipe key 'data.path': no file"),
     "text file empty": lm("data.path={tmp}/e.txt", expect="is empty", setup=file_at("e.txt", "")),
     "text shorter than a window": lm(

@@ -70,7 +70,7 @@ def describe_model(recipe: Recipe) -> Model:
     Core MLP; a tf-keras model is built once on the host, as `dtcli plan` does)."""
     from dtcli import data as data_lib
 
-    input_shape, num_classes = data_lib.describe(recipe.data)
+    input_shape, num_classes = data_lib.describe(recipe.data, vocab_size=recipe.model.real_vocab)
     axes = {a: 1 for a in recipe.mesh}
     plain = recipe_lib.replace(
         recipe,

@@ -17,6 +17,7 @@ saved)`; their Dataset carries the tokenizer.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,6 +45,7 @@ from dtcli.data.base import (
 )
 from dtcli.data.idx import read_idx
 from dtcli.data.text import stdlib_sources
+from dtcli.data.tokenizer import vocab_for
 from dtcli.recipe import DataConfig
 
 SOURCES: dict[str, ModuleType] = {
@@ -78,31 +80,42 @@ __all__ = [
 
 
 def load(
-    cfg: DataConfig, split_names: tuple[str, ...] = ("train", "eval"), saved: Path | None = None
+    cfg: DataConfig,
+    split_names: tuple[str, ...] = ("train", "eval"),
+    saved: Path | None = None,
+    vocab_size: int | None = None,
 ) -> Dataset:
     """Load the configured data set, scaled to [0, 1] and shaped for the model. `saved`: where
-    a language-model run keeps its tokenizer."""
+    a language-model run keeps its tokenizer; `vocab_size`: the model's real vocabulary
+    (ModelConfig.real_vocab; tokenizer.vocab_for)."""
     if cfg.source in TOKENIZED:
-        return SOURCES[cfg.source].load(cfg, split_names, saved)
+        dataset = SOURCES[cfg.source].load(cfg, split_names, saved)
+        if vocab_size is None:
+            return dataset
+        return replace(dataset, num_classes=vocab_for(dataset.tokenizer, vocab_size))
     return SOURCES[cfg.source].load(cfg, split_names)
 
 
-def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
+def describe(
+    cfg: DataConfig, saved: Path | None = None, vocab_size: int | None = None
+) -> tuple[tuple[int, ...], int]:
     """(input shape the model sees, class count) without loading the examples (for `dtcli plan`).
 
     Reads only headers and labels: IDX headers, TFDS' static feature info, the recipe itself,
-    a tokenizer.json (its size: the model's vocabulary).
+    a tokenizer.json (its size: the model's vocabulary, unless `vocab_size` names it).
     """
     source = SOURCES[cfg.source]
     tokenized = cfg.source in TOKENIZED
     example, classes = source.describe(cfg, saved) if tokenized else source.describe(cfg)
+    if tokenized and vocab_size is not None:
+        classes = vocab_for(source.tokenizer(cfg, saved), vocab_size)
     return model_shape(example, cfg), classes
 
 
-def no_data(cfg: DataConfig, saved: Path | None = None) -> Dataset:
+def no_data(cfg: DataConfig, saved: Path | None = None, vocab_size: int | None = None) -> Dataset:
     """A data set of no examples with the shapes `cfg` gives (describe): a model needs them; a
     language model's with its tokenizer (generate encodes and decodes with it)."""
-    shape, classes = describe(cfg, saved)
+    shape, classes = describe(cfg, saved, vocab_size)
     empty = Split(np.zeros((0, *shape), np.float32), np.zeros(0, np.int32))
     tokenizer = SOURCES[cfg.source].tokenizer(cfg, saved) if cfg.source in TOKENIZED else None
     return Dataset(empty, empty, classes, "none", tokenizer)

@@ -47,6 +47,20 @@ def model_vocab(size: int) -> int:
     return -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+def vocab_for(tokenizer: Tokenizer, vocab_size: int | None) -> int:
+    """The model's vocabulary: model_vocab(vocab_size) where the model names its real one
+    (model.transformer.vocab_size, an imported model's), refusing a tokenizer with more ids
+    than that; else the tokenizer's rounded up."""
+    if vocab_size is None:
+        return model_vocab(tokenizer.vocab_size)
+    if tokenizer.vocab_size > vocab_size:
+        raise UsageError(
+            f"recipe key 'model.transformer.vocab_size': the tokenizer ({tokenizer.description}) "
+            f"makes {tokenizer.vocab_size:,} ids, more than the model's {vocab_size:,}"
+        )
+    return model_vocab(vocab_size)
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """Token ids in memory and in shards: 16 bits while they fit, else 32."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)

@@ -11,19 +11,22 @@ training graph is not touched:
 - `decode(tokens, at, caches)`: one token per row [batch, 1] at the position `at` marks, its keys
   and values written into the caches there, attending over the positions up to it.
 
-Shapes never change: a cache is [batch, heads, context, head_dim] per block (a key and a value
-cache), filled up to a position; positions arrive as one-hot bool masks [batch, context], never
-as a Python int or a scalar (DTensor folds a small replicated int into the lowered program and
-lowers it again when it changes, DTENSOR_NOTES.md). So each call is traced and lowered once.
+Shapes never change: a cache is [batch, kv_heads, context, head_dim] per block (a key and a
+value cache; grouped-query attention keeps only its key/value heads), filled up to a position;
+positions arrive as one-hot bool masks [batch, context], never as a Python int or a scalar
+(DTensor folds a small replicated int into the lowered program and lowers it again when it
+changes, DTENSOR_NOTES.md); rope's cos and sin rows are picked by the same one-hot. So each
+call is traced and lowered once.
 
 On one device compiled by XLA (`mesh` None: a session of plain variables, mesh.compiles_with_xla)
 both calls are XLA-compiled, once each (the shapes never change): a decode step's few hundred
 small ops become a few fused kernels instead of as many executor launches.
 
 Layouts (on a DTensor mesh): the caches are laid out [data axis, heads axis, -, -] (the batch of
-prompts on the data axis, heads on the axis that splits the attention kernels' heads, as the
-attention computes them) and every call relays its caches out to that layout, so a call's
-outputs are its next inputs without a relayout in between (tests check `dtensor.fetch_layout`).
+prompts on the data axis, heads on the axis that splits the key kernel's heads, as the attention
+computes its keys and values: replicated where the rules split the queries alone), and every
+call relays its caches out to that layout, so a call's outputs are its next inputs without a
+relayout in between (tests check `dtensor.fetch_layout`).
 The logits come back replicated [batch, vocab] for the host to sample from.
 """
 
@@ -37,9 +40,10 @@ from dtcli.recipe import TransformerConfig
 
 
 def heads_axis(plans: list[WeightPlan], gather_axis: str | None) -> str:
-    """The mesh axis the attention computes its heads on: the query kernel's heads dim (dim 1)
-    unless that is the FSDP axis (models.compute gathers it off that axis before use)."""
-    spec = next(p.spec for p in plans if p.weight.path == "block_0.attention.query.kernel")
+    """The mesh axis the attention computes its keys' and values' heads on: the key kernel's
+    heads dim (dim 1) unless that is the FSDP axis (models.compute gathers it off that axis
+    before use)."""
+    spec = next(p.spec for p in plans if p.weight.path == "block_0.attention.key.kernel")
     axis = spec[1]
     return UNSHARDED if axis == gather_axis else axis
 
@@ -55,7 +59,12 @@ class CachedGPT:
         self.cfg = cfg
         self.mesh = mesh
         self.embedding = model.get_layer("token_embedding")
-        self.position = model.get_layer("position_embedding")
+        names = {layer.name for layer in model.layers}
+        # Learned positions are added to the embedding; rope rotates inside the attention.
+        self.position = (
+            model.get_layer("position_embedding") if cfg.positions == "learned" else None
+        )
+        self.vocab_mask = model.get_layer("vocab_mask") if "vocab_mask" in names else None
         self.blocks = [model.get_layer(f"block_{i}") for i in range(cfg.layers)]
         self.ln_f = model.get_layer("ln_f")
         self.head = model.get_layer("head")
@@ -72,7 +81,7 @@ class CachedGPT:
         import tensorflow as tf
         from tensorflow.experimental import dtensor
 
-        shape = (batch, self.cfg.heads, self.cfg.context, self.cfg.d_model // self.cfg.heads)
+        shape = (batch, self.cfg.key_heads, self.cfg.context, self.cfg.head_dim)
         if self.layout is None:
             zeros = tf.zeros(shape)
         else:
@@ -84,7 +93,9 @@ class CachedGPT:
         whose logits are wanted); refill [batch] bool."""
         import tensorflow as tf
 
-        x = self.position(self.embedding(window))
+        x = self.embedding(window)
+        if self.position is not None:
+            x = self.position(x)
         fresh = []
         for block in self.blocks:
             x, k, v = block.prefill(x)
@@ -101,7 +112,9 @@ class CachedGPT:
         is not generating this step leaves its caches as they are)."""
         import tensorflow as tf
 
-        x = self.position.add_at(self.embedding(tokens), at)
+        x = self.embedding(tokens)
+        if self.position is not None:
+            x = self.position.add_at(x, at)
         # Positions up to the new one (the reversed cumulative sum of its one-hot), as the
         # training path masks the others: (1 - keep) * -1e9, computed once for every block.
         seen = tf.cumsum(tf.cast(at, tf.int32), axis=1, reverse=True) > 0
@@ -121,5 +134,8 @@ class CachedGPT:
         """[batch, 1, d_model] -> logits [batch, vocab], replicated for the host."""
         from tensorflow.experimental import dtensor
 
-        logits = self.head(self.ln_f(h))[:, 0, :]
+        logits = self.head(self.ln_f(h))
+        if self.vocab_mask is not None:
+            logits = self.vocab_mask(logits)
+        logits = logits[:, 0, :]
         return logits if self.mesh is None else dtensor.relayout(logits, replicated(self.mesh, 2))

@@ -11,7 +11,8 @@ Every layer reads its weights through a `Compute` (models/compute.py): gathered 
 axis where FSDP shards them, cast to bfloat16 for the matmuls under `train.precision: bf16`. So
 the Dense, EinsumDense and LayerNormalization here are dtcli's own small layers (tf-keras'
 read their variables directly); they keep tf-keras' names, weight names and arithmetic, so
-checkpoints, layout rules and float32 numbers are the same as with the stock layers.
+checkpoints, layout rules and float32 numbers are the same as with the stock layers. The norms
+are in norms.py, rotary positions in rope.py.
 
 Generation's KV cache (models/decode.py) runs the same layers through their own methods:
 Attention.attend (the training attention, also giving its keys and values) and decode (one
@@ -24,10 +25,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 
 from dtcli.models.compute import FLOAT32, Compute
+from dtcli.models.norms import norm_layer
+from dtcli.models.rope import Rotary
 from dtcli.recipe import TransformerConfig
 
 STD = 0.02  # of the normal initializer
@@ -40,38 +44,6 @@ def normal(stddev: float) -> Any:
 def residual_std(cfg: TransformerConfig) -> float:
     """The initial stddev of the projections into the residual stream."""
     return STD / math.sqrt(2 * cfg.layers)
-
-
-class LayerNormalization(tf_keras.layers.Layer):
-    """tf-keras' LayerNormalization over the last dim (its unfused arithmetic, as tf-keras runs
-    it for epsilon 1e-5), always in float32, with gamma/beta read through `compute`."""
-
-    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
-        super().__init__(name=name)
-        self.center = cfg.bias
-        self.compute = compute
-
-    def build(self, input_shape: Any) -> None:
-        dim = (int(input_shape[-1]),)
-        self.gamma = self.add_weight("gamma", dim, initializer="ones")
-        self.beta = self.add_weight("beta", dim, initializer="zeros") if self.center else None
-
-    def call(self, x: Any) -> Any:
-        mean, variance = tf.nn.moments(x, [len(x.shape) - 1], keepdims=True)
-        offset = None if self.beta is None else self.compute.weight(self.beta, matmul=False)
-        return tf.nn.batch_normalization(
-            x,
-            mean,
-            variance,
-            offset=offset,
-            scale=self.compute.weight(self.gamma, matmul=False),
-            variance_epsilon=1e-5,
-        )
-
-
-def layer_norm(cfg: TransformerConfig, name: str, compute: Compute = FLOAT32) -> Any:
-    # Not tf-keras' fused kernel: DTensor has no layout propagation for it.
-    return LayerNormalization(cfg, name, compute)
 
 
 class Dense(tf_keras.layers.Layer):
@@ -173,40 +145,47 @@ class Embedding(tf_keras.layers.Layer):
 
 
 class PositionEmbedding(tf_keras.layers.Layer):
-    """Adds a learned vector per position to its input [batch, time, d_model]."""
+    """Adds a learned vector per position to its input [batch, time, d_model] (a table of
+    max_positions rows, the first `time` used)."""
 
     def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
-        self.context = cfg.context
+        self.rows = cfg.position_rows
         self.d_model = cfg.d_model
         self.compute = compute
 
     def build(self, input_shape: Any) -> None:
         self.embeddings = self.add_weight(
-            "embeddings", (self.context, self.d_model), initializer=normal(STD)
+            "embeddings", (self.rows, self.d_model), initializer=normal(STD)
         )
 
     def call(self, x: Any) -> Any:
         table = self.compute.weight(self.embeddings, matmul=False)
         time = x.shape[1]
-        return x + (table if time == self.context else table[:time])
+        return x + (table if time == self.rows else table[:time])
 
     def add_at(self, x: Any, at: Any) -> Any:
         """Generation: x [batch, 1, d_model] plus each row's position vector, the position given
         as a one-hot row of `at` [batch, context] (a product with 0s and a 1: exactly the table's
         row; a row of 0s adds nothing)."""
         table = self.compute.weight(self.embeddings, matmul=False)
+        if at.shape[1] != self.rows:
+            table = table[: at.shape[1]]
         return x + tf.matmul(tf.cast(at, table.dtype), table)[:, None, :]
 
 
 class Attention(tf_keras.layers.Layer):
+    """Causal self-attention; key/value with kv_heads heads (grouped-query attention: query
+    head i reads key/value head i // (heads // kv_heads), Hugging Face's repeat_kv order)."""
+
     def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
-        self.head_dim = cfg.d_model // cfg.heads
+        self.head_dim = cfg.head_dim
+        self.groups = cfg.heads // cfg.key_heads
         self.compute = compute
-        bias = (cfg.heads, self.head_dim) if cfg.bias else None
-        for part in ("query", "key", "value"):
-            kernel = (cfg.d_model, cfg.heads, self.head_dim)
+        for part, heads in (("query", cfg.heads), ("key", cfg.key_heads), ("value", cfg.key_heads)):
+            kernel = (cfg.d_model, heads, self.head_dim)
+            bias = (heads, self.head_dim) if cfg.bias else None
             setattr(self, part, EinsumDense("btd,dhk->bthk", kernel, bias, STD, part, compute))
         self.proj = EinsumDense(
             "bthk,hkd->btd",
@@ -217,60 +196,84 @@ class Attention(tf_keras.layers.Layer):
             compute,
         )
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
+        self.rotary = Rotary(cfg) if cfg.positions == "rope" else None
 
     def call(self, x: Any, training: bool = False) -> Any:
         return self.attend(x, training)[0]
 
     def attend(self, x: Any, training: bool = False) -> tuple[Any, Any, Any]:
-        """The attention's output, and its keys and values [batch, heads, time, head_dim] (what
-        generation keeps as the K/V cache of a window; `call` drops them: the same ops)."""
+        """The attention's output, and its keys and values [batch, kv_heads, time, head_dim]
+        (what generation keeps as the K/V cache of a window; `call` drops them: the same ops)."""
         c = self.compute
         # [batch, heads, time, head_dim]: batched matmuls (an einsum over these dims
         # measured 3x slower on CPU).
         q, k, v = self._heads(x)
-        scores = c.result(tf.matmul(c.activation(q), c.activation(k), transpose_b=True))
+        if self.rotary is not None:
+            q, k = self.rotary.rotate(q), self.rotary.rotate(k)
+        scores = c.result(
+            tf.matmul(c.activation(q), c.activation(self._grouped(k)), transpose_b=True)
+        )
         scores = scores * (1.0 / math.sqrt(self.head_dim))
         # Causal: position t attends to positions <= t (a lower-triangular band).
         keep = tf.linalg.band_part(tf.ones_like(scores), -1, 0)
         scores = scores + (1.0 - keep) * -1e9
         weights = self.dropout(tf.nn.softmax(scores, axis=-1), training=training)
-        out = c.result(tf.matmul(c.activation(weights), c.activation(v)))
+        out = c.result(tf.matmul(c.activation(weights), c.activation(self._grouped(v))))
         return self.proj(tf.transpose(out, [0, 2, 1, 3])), k, v
 
     def _heads(self, x: Any) -> tuple[Any, Any, Any]:
         return tuple(tf.transpose(f(x), [0, 2, 1, 3]) for f in (self.query, self.key, self.value))
+
+    def _grouped(self, kv: Any) -> Any:
+        """Keys or values [batch, kv_heads, time, head_dim] for every query head: each repeated
+        `groups` times in place (kv0, kv0, kv1, kv1...: repeat_kv's order). Kept whole where
+        the model axis splits the key/value heads: the repeat keeps a device's heads on it."""
+        return kv if self.groups == 1 else tf.repeat(kv, self.groups, axis=1)
 
     def decode(
         self, x: Any, cache_k: Any, cache_v: Any, at: Any, unseen: Any
     ) -> tuple[Any, Any, Any]:
         """One new position per row, attending over the cache (generation; no dropout).
 
-        x [batch, 1, d_model]; cache_k, cache_v [batch, heads, context, head_dim]; `at`
+        x [batch, 1, d_model]; cache_k, cache_v [batch, kv_heads, context, head_dim]; `at`
         [batch, context] bool, one-hot: where the row's new key and value are written (a row
-        with none writes nothing); `unseen` [batch, 1, 1, context] float: 0 at the positions
-        the row attends to (its own and those before), else the training path's -1e9 (so their
-        weights are exactly 0). Returns the output and both caches updated."""
+        with none writes nothing) and, with rope, the position it is rotated to; `unseen`
+        [batch, 1, 1, context] float: 0 at the positions the row attends to (its own and those
+        before), else the training path's -1e9 (so their weights are exactly 0). Returns the
+        output and both caches updated."""
         c = self.compute
         q, k, v = self._heads(x)
+        if self.rotary is not None:
+            cos, sin = self.rotary.at(at)
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
         write = at[:, None, :, None]
         # A select, not a blend: the cache keeps its values bit for bit where nothing is written.
         cache_k, cache_v = tf.where(write, k, cache_k), tf.where(write, v, cache_v)
-        scores = c.result(tf.matmul(c.activation(q), c.activation(cache_k), transpose_b=True))
+        scores = c.result(
+            tf.matmul(c.activation(q), c.activation(self._grouped(cache_k)), transpose_b=True)
+        )
         scores = scores * (1.0 / math.sqrt(self.head_dim))
         weights = tf.nn.softmax(scores + unseen, axis=-1)
-        out = c.result(tf.matmul(c.activation(weights), c.activation(cache_v)))
+        out = c.result(tf.matmul(c.activation(weights), c.activation(self._grouped(cache_v))))
         return self.proj(tf.transpose(out, [0, 2, 1, 3])), cache_k, cache_v
 
 
 class MLP(tf_keras.layers.Layer):
+    """gelu / gelu_tanh: proj(act(fc(x))); swiglu: proj(silu(gate(x)) * fc(x))."""
+
     def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
-        hidden = cfg.mlp_ratio * cfg.d_model
-        self.fc = Dense(hidden, cfg.bias, STD, "fc", compute)
+        self.fc = Dense(cfg.hidden, cfg.bias, STD, "fc", compute)
+        self.gate = None
+        if cfg.activation == "swiglu":
+            self.gate = Dense(cfg.hidden, cfg.bias, STD, "gate", compute)
+        self.approximate = cfg.activation == "gelu_tanh"
         self.proj = Dense(cfg.d_model, cfg.bias, residual_std(cfg), "proj", compute)
 
     def call(self, x: Any) -> Any:
-        return self.proj(tf.nn.gelu(self.fc(x), approximate=False))
+        if self.gate is not None:
+            return self.proj(tf.nn.silu(self.gate(x)) * self.fc(x))
+        return self.proj(tf.nn.gelu(self.fc(x), approximate=self.approximate))
 
 
 class Block(tf_keras.layers.Layer):
@@ -279,9 +282,9 @@ class Block(tf_keras.layers.Layer):
 
     def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
-        self.ln_1 = layer_norm(cfg, "ln_1", compute)
+        self.ln_1 = norm_layer(cfg, "ln_1", compute)
         self.attention = Attention(cfg, "attention", compute)
-        self.ln_2 = layer_norm(cfg, "ln_2", compute)
+        self.ln_2 = norm_layer(cfg, "ln_2", compute)
         self.mlp = MLP(cfg, "mlp", compute)
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
         self.remat = cfg.remat
@@ -327,3 +330,18 @@ class TiedHead(tf_keras.layers.Layer):
         if c.bf16:  # a bfloat16 einsum is slow on CPUs (_as_matmul); the same as a matmul
             return c.result(tf.tensordot(c.activation(x), table, [[2], [1]]))
         return tf.einsum("btd,vd->btv", x, table)
+
+
+class VocabMask(tf_keras.layers.Layer):
+    """The logits of the ids past the real vocabulary (model.transformer.vocab_size; the tables
+    are rounded up past it) set to -inf, so every softmax after the model (the loss, eval,
+    score, sampling) gives them probability 0. An addition of 0 keeps the others bit for bit."""
+
+    def __init__(self, vocab_size: int, name: str):
+        super().__init__(name=name)
+        self.vocab_size = vocab_size
+
+    def call(self, logits: Any) -> Any:
+        rows = logits.shape[-1]
+        mask = np.where(np.arange(rows) < self.vocab_size, 0.0, -np.inf).astype(np.float32)
+        return logits + tf.constant(mask)

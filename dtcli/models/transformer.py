@@ -3,37 +3,48 @@
 Its layers are in gpt_layers.py; this module is their assembly and the arithmetic (parameters,
 FLOPs), which needs no TensorFlow.
 
-Token and learned position embeddings, `layers` pre-LayerNorm blocks of causal self-attention
-and a GELU MLP, a final LayerNorm and an output head (by default the token embedding's
-transpose, as in GPT-2 and nanoGPT). Initial weights follow nanoGPT: normal(0, 0.02), the
-residual projections scaled by 1/sqrt(2 * layers).
+Token embeddings (and learned position embeddings, or rotary ones inside the attention),
+`layers` pre-norm blocks of causal self-attention and an MLP, a final norm and an output head
+(by default the token embedding's transpose, as in GPT-2 and nanoGPT). The options of
+`model.transformer` make it GPT-2 (gelu_tanh, bias, learned positions) or Llama-family (swiglu,
+rmsnorm, rope, fewer key/value heads, untied head) as Hugging Face computes them; the defaults
+are nanoGPT's. Initial weights follow nanoGPT: normal(0, 0.02), the residual projections scaled
+by 1/sqrt(2 * layers).
 
-The weight paths are stable, so layout rules can target them (`block_i`: i from 0):
+The weight paths are stable, so layout rules and LoRA can target them (`block_i`: i from 0);
+model_vocab is the vocabulary rounded up (model.transformer.vocab_size's, else the tokenizer's),
+mlp_hidden defaults to mlp_ratio * d_model, head_dim is d_model // heads:
 
-    token_embedding.embeddings          [vocab, d_model]
-    position_embedding.embeddings       [context, d_model]
-    block_i.ln_1.gamma  (.beta)        [d_model]
-    block_i.attention.query.kernel     [d_model, heads, head_dim]   (also key, value)
-    block_i.attention.query.bias       [heads, head_dim]            (with bias: true)
-    block_i.attention.proj.kernel      [heads, head_dim, d_model]
-    block_i.attention.proj.bias        [d_model]
-    block_i.ln_2.gamma  (.beta)        [d_model]
-    block_i.mlp.fc.kernel  (.bias)     [d_model, mlp_ratio * d_model]
-    block_i.mlp.proj.kernel  (.bias)   [mlp_ratio * d_model, d_model]
+    token_embedding.embeddings          [model_vocab, d_model]
+    position_embedding.embeddings       [max_positions, d_model]      (positions: learned)
+    block_i.ln_1.gamma  (.beta)         [d_model]   (rmsnorm: gamma only, RMSNormalization)
+    block_i.attention.query.kernel      [d_model, heads, head_dim]    (.bias [heads, head_dim])
+    block_i.attention.key.kernel        [d_model, kv_heads, head_dim] (.bias [kv_heads, head_dim])
+    block_i.attention.value.kernel      [d_model, kv_heads, head_dim] (.bias [kv_heads, head_dim])
+    block_i.attention.proj.kernel       [heads, head_dim, d_model]    (.bias [d_model])
+    block_i.ln_2.gamma  (.beta)         [d_model]
+    block_i.mlp.gate.kernel  (.bias)    [d_model, mlp_hidden]   (swiglu: the SiLU-gated branch)
+    block_i.mlp.fc.kernel  (.bias)      [d_model, mlp_hidden]   (swiglu: the "up" projection)
+    block_i.mlp.proj.kernel  (.bias)    [mlp_hidden, d_model]
     ln_f.gamma  (.beta)                 [d_model]
-    head.kernel                         [d_model, vocab]   (tie_embeddings: false)
+    head.kernel                         [d_model, model_vocab]  (tie_embeddings: false)
+
+(.bias and .beta with bias: true.) With vocab_size set below model_vocab, a `vocab_mask` layer
+after the head sets the logits of the ids past it to -inf.
 
 Tensor parallel (Megatron): shard the attention heads (dim 1 of query/key/value, dim 0 of
 attention.proj) and the MLP's hidden dim (dim 1 of fc, dim 0 of proj) on one mesh axis; each
 block then all-reduces twice per pass. Heads are an explicit dim of the attention kernels, so a
 head is never split across devices: the head count must divide by that axis (checked with the
-layouts).
+layouts). Key/value kernels split their kv_heads where the axis divides them, else stay
+replicated while the queries split (each device repeats the key/value heads its queries read).
 The token embedding is looked up by gathering from its value, which works with the table
 sharded on either dim (a resource gather refuses a vocab-sharded table).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dtcli.layout import WeightInfo
@@ -42,26 +53,37 @@ from dtcli.recipe import TransformerConfig
 
 def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
     """The GPT as a Functional tf_keras.Model: int tokens [batch, context] -> logits
-    [batch, context, vocab]. `compute` (models.compute.Compute): how its layers read their
-    weights (FSDP gather, bf16); default float32, no gather."""
+    [batch, context, vocab]. `vocab`: the tables' rows (model_vocab). `compute`
+    (models.compute.Compute): how its layers read their weights (FSDP gather, bf16); default
+    float32, no gather."""
     import tf_keras
 
     # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
     from dtcli.models import gpt_layers as g
+    from dtcli.models.norms import norm_layer
 
     c = compute or g.FLOAT32
     token_embedding = g.Embedding(cfg, vocab, "token_embedding", c)
     ids = tf_keras.Input((cfg.context,), dtype="int32", name="tokens")
-    x = g.PositionEmbedding(cfg, "position_embedding", c)(token_embedding(ids))
+    x = token_embedding(ids)
+    if cfg.positions == "learned":
+        x = g.PositionEmbedding(cfg, "position_embedding", c)(x)
     x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
     for i in range(cfg.layers):
         x = g.Block(cfg, f"block_{i}", c)(x)
-    x = g.layer_norm(cfg, "ln_f", c)(x)
+    x = norm_layer(cfg, "ln_f", c)(x)
     if cfg.tie_embeddings:
         logits = g.TiedHead(token_embedding, "head", c)(x)
     else:
         logits = g.Dense(vocab, False, g.STD, "head", c)(x)
+    if masks_vocab(cfg, vocab):
+        logits = g.VocabMask(cfg.vocab_size, "vocab_mask")(logits)
     return tf_keras.Model(ids, logits, name="gpt")
+
+
+def masks_vocab(cfg: TransformerConfig, vocab: int) -> bool:
+    """Whether the model's tables have rows past its real vocabulary, masked in its output."""
+    return cfg.vocab_size is not None and cfg.vocab_size < vocab
 
 
 def weights(cfg: TransformerConfig, vocab: int) -> list[WeightInfo]:
@@ -69,30 +91,44 @@ def weights(cfg: TransformerConfig, vocab: int) -> list[WeightInfo]:
     model lists them (models.keras.keras_variables: the model's layers in order, and inside a
     layer its attributes sorted by name), from the config alone: no TensorFlow, so a memory
     plan can be made before anything is allocated. A test compares it with the built model."""
-    d, heads = cfg.d_model, cfg.heads
-    head_dim, hidden = d // heads, cfg.mlp_ratio * d
+    d, heads, kv, head_dim, hidden = (
+        cfg.d_model,
+        cfg.heads,
+        cfg.key_heads,
+        cfg.head_dim,
+        cfg.hidden,
+    )
 
     def dense(path: str, kernel: tuple[int, ...], bias: tuple[int, ...], layer: str) -> list:
         own = [WeightInfo(f"{path}.bias", bias, layer)] if cfg.bias else []
         return own + [WeightInfo(f"{path}.kernel", kernel, layer)]
 
     def norm(path: str) -> list:
+        if cfg.norm == "rmsnorm":
+            return [WeightInfo(f"{path}.gamma", (d,), "RMSNormalization")]
         beta = [WeightInfo(f"{path}.beta", (d,), "LayerNormalization")] if cfg.bias else []
         return beta + [WeightInfo(f"{path}.gamma", (d,), "LayerNormalization")]
 
-    out = [
-        WeightInfo("token_embedding.embeddings", (vocab, d), "Embedding"),
-        WeightInfo("position_embedding.embeddings", (cfg.context, d), "PositionEmbedding"),
-    ]
-    qkv = ((d, heads, head_dim), (heads, head_dim))
+    out = [WeightInfo("token_embedding.embeddings", (vocab, d), "Embedding")]
+    if cfg.positions == "learned":
+        rows = cfg.position_rows
+        out.append(WeightInfo("position_embedding.embeddings", (rows, d), "PositionEmbedding"))
+    attention = {
+        "key": ((d, kv, head_dim), (kv, head_dim)),
+        "proj": ((heads, head_dim, d), (d,)),
+        "query": ((d, heads, head_dim), (heads, head_dim)),
+        "value": ((d, kv, head_dim), (kv, head_dim)),
+    }
+    mlp = {"fc": ((d, hidden), (hidden,)), "proj": ((hidden, d), (d,))}
+    if cfg.activation == "swiglu":
+        mlp["gate"] = mlp["fc"]
     for i in range(cfg.layers):
         b = f"block_{i}"
-        for part in ("key", "proj", "query", "value"):  # attribute names, sorted
-            kernel, bias = ((heads, head_dim, d), (d,)) if part == "proj" else qkv
-            out += dense(f"{b}.attention.{part}", kernel, bias, "EinsumDense")
+        for part in sorted(attention):  # attribute names, sorted
+            out += dense(f"{b}.attention.{part}", *attention[part], "EinsumDense")
         out += norm(f"{b}.ln_1") + norm(f"{b}.ln_2")
-        out += dense(f"{b}.mlp.fc", (d, hidden), (hidden,), "Dense")
-        out += dense(f"{b}.mlp.proj", (hidden, d), (d,), "Dense")
+        for part in sorted(mlp):
+            out += dense(f"{b}.mlp.{part}", *mlp[part], "Dense")
     out += norm("ln_f")
     if not cfg.tie_embeddings:
         out.append(WeightInfo("head.kernel", (d, vocab), "Dense"))
@@ -101,19 +137,14 @@ def weights(cfg: TransformerConfig, vocab: int) -> list[WeightInfo]:
 
 def parameters(cfg: TransformerConfig, vocab: int) -> int:
     """Trainable parameters (arithmetic, no TensorFlow)."""
-    d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
-    per_block = 4 * d * d + 2 * d * hidden + 2 * d * (2 if cfg.bias else 1)
-    if cfg.bias:
-        per_block += 4 * d + hidden + d
-    total = vocab * d + cfg.context * d + cfg.layers * per_block + d * (2 if cfg.bias else 1)
-    if not cfg.tie_embeddings:
-        total += d * vocab
-    return total
+    return sum(math.prod(w.shape) for w in weights(cfg, vocab))
 
 
 def flops_per_token(cfg: TransformerConfig, vocab: int, context: int) -> float:
-    """Training FLOPs per token: 6 per weight of the matmuls (forward 2, backward 4) plus the
-    attention scores and weighted sums over `context` positions (PaLM's appendix B estimate,
-    as nanoGPT's MFU)."""
-    matmul_weights = parameters(cfg, vocab) - cfg.context * cfg.d_model
+    """Training FLOPs per token: 6 per weight (forward 2, backward 4; every weight but the
+    position table: swiglu's three MLP matrices and grouped-query attention's smaller key/value
+    kernels as they are) plus the attention scores and weighted sums over `context` positions
+    (PaLM's appendix B estimate, as nanoGPT's MFU)."""
+    positions = cfg.position_rows * cfg.d_model if cfg.positions == "learned" else 0
+    matmul_weights = parameters(cfg, vocab) - positions
     return 6.0 * matmul_weights + 12.0 * cfg.layers * cfg.d_model * context

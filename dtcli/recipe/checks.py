@@ -25,6 +25,7 @@ from dtcli.recipe.configs import (
     TransformerConfig,
 )
 from dtcli.recipe.data_checks import check_data
+from dtcli.recipe.transformer_checks import check_transformer
 
 
 def check(recipe: Recipe, command: str = "train") -> Recipe:
@@ -147,7 +148,7 @@ def _check_model(m: ModelConfig, task: str) -> None:
                 f"'transformer', got {given or 'none'}"
             )
         if m.transformer is not None:
-            _check_transformer(m.transformer)
+            check_transformer(m.transformer)
         if m.layers is not None and not m.layers:
             raise UsageError("recipe key 'model.layers': expected at least one layer, got []")
         if m.build is not None and not re.fullmatch(r"[\w.]+:\w+", m.build):
@@ -186,31 +187,6 @@ def _not_the_gpt(m: ModelConfig) -> UsageError:
         f"recipe key '{key}': model.transformer configures dtcli's GPT (task language_model) "
         f"only, and this classifier is {this}; remove model.transformer"
     )
-
-
-def _check_transformer(t: TransformerConfig) -> None:
-    for key in ("layers", "d_model", "heads", "mlp_ratio", "context"):
-        if getattr(t, key) < 1:
-            raise UsageError(
-                f"recipe key 'model.transformer.{key}': expected an integer >= 1, "
-                f"got {getattr(t, key)}"
-            )
-    if t.d_model % t.heads:
-        raise UsageError(
-            f"recipe key 'model.transformer.heads': d_model {t.d_model} does not divide into "
-            f"{t.heads} heads (expected a divisor of d_model)"
-        )
-    if not 0 <= t.dropout < 1:
-        raise UsageError(
-            f"recipe key 'model.transformer.dropout': expected a number in [0, 1), got {t.dropout}"
-        )
-    if t.remat and t.dropout:
-        # The recompute would draw new dropout masks: gradients of another network than the
-        # forward pass ran.
-        raise UsageError(
-            f"recipe key 'model.transformer.remat': recomputing a block would draw new dropout "
-            f"masks; set model.transformer.dropout to 0 (got {t.dropout}) or remat to false"
-        )
 
 
 def _check_task(recipe: Recipe) -> None:

@@ -108,6 +108,21 @@ class LayoutConfig:
 
 
 @dataclass(frozen=True)
+class RopeScalingConfig:
+    """model.transformer.rope_scaling: Llama 3.1's long-context adjustment of RoPE's inverse
+    frequencies (Hugging Face's `rope_type: llama3`): wavelengths longer than
+    original_context / low_freq_factor are divided by `factor`, those shorter than
+    original_context / high_freq_factor kept, the ones between interpolated."""
+
+    type: Literal["llama3"] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    # The context the model was pretrained at (Hugging Face's original_max_position_embeddings).
+    original_context: int = 8192
+
+
+@dataclass(frozen=True)
 class TransformerConfig:
     """dtcli's decoder-only GPT (dtcli.transformer): its weight paths are documented there."""
 
@@ -121,9 +136,50 @@ class TransformerConfig:
     tie_embeddings: bool = True
     # Biases in the Dense layers and LayerNorms (nanoGPT's default: none).
     bias: bool = False
+    # The MLP: gelu (exact, erf), gelu_tanh (GPT-2's tanh approximation) or swiglu (Llama's:
+    # proj(silu(gate(x)) * fc(x)), a third matrix), over a hidden width of mlp_hidden
+    # (null: mlp_ratio * d_model).
+    activation: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
+    mlp_hidden: int | None = None
+    # The norms: layernorm, or rmsnorm (x * rsqrt(mean(x^2) + eps) * gamma: no mean, no beta).
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-5
+    # Positions: a learned table of max_positions rows (null: context), or rope (rotary, the
+    # "rotate_half" layout of Hugging Face's Llama; max_positions then only records the
+    # source model's limit). `context` may be at most max_positions.
+    positions: Literal["learned", "rope"] = "learned"
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScalingConfig | None = None
+    max_positions: int | None = None
+    # Key/value heads (null: heads): fewer give grouped-query attention (1: multi-query);
+    # query head i uses key/value head i // (heads // kv_heads).
+    kv_heads: int | None = None
+    # The real vocabulary (an imported model's): the tables get it rounded up to a multiple of
+    # 64 and the logits of the ids past it are -inf everywhere. null: the tokenizer's ids
+    # rounded up, nothing masked.
+    vocab_size: int | None = None
     # Activation checkpointing: keep only each block's input for the backward pass and recompute
     # the block's forward there (less memory, about one more forward pass of time).
     remat: bool = False
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden width."""
+        return self.mlp_ratio * self.d_model if self.mlp_hidden is None else self.mlp_hidden
+
+    @property
+    def key_heads(self) -> int:
+        """Key/value heads (kv_heads, default heads)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (max_positions, default context)."""
+        return self.context if self.max_positions is None else self.max_positions
 
 
 @dataclass(frozen=True)
@@ -148,6 +204,11 @@ class ModelConfig:
     # core: hidden layer widths and activation; the output layer has one unit per class.
     hidden: list[int] = field(default_factory=lambda: [128])
     activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"
+
+    @property
+    def real_vocab(self) -> int | None:
+        """model.transformer.vocab_size: the model's real vocabulary (None: the tokenizer's)."""
+        return None if self.transformer is None else self.transformer.vocab_size
 
 
 @dataclass(frozen=True)

@@ -120,9 +120,9 @@ def _load_data(
     """The recipe's `splits` read (none: only the data's shape); to train on, the batch checked
     against the training split."""
     if splits:
-        dataset = data_lib.load(recipe.data, splits, tokenizer_file)
+        dataset = data_lib.load(recipe.data, splits, tokenizer_file, recipe.model.real_vocab)
     else:
-        dataset = data_lib.no_data(recipe.data, tokenizer_file)
+        dataset = data_lib.no_data(recipe.data, tokenizer_file, recipe.model.real_vocab)
     if trains:
         data_lib.check_batch_fits(recipe.data, dataset)
     return dataset
