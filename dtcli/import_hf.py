@@ -106,7 +106,7 @@ def _write_checkpoint(
     key = devices_lib.key_for(overrides.devices)
     devices = devices_lib.configure(recipe.devices, mesh_lib.device_count_for(recipe.mesh), key)
     axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
-    data = data_lib.no_data(recipe.data, run / rundir.TOKENIZER)
+    data = data_lib.no_data(recipe.data, run / rundir.TOKENIZER, recipe.model.real_vocab)
     shape, vocab = data.input_shape, data.num_classes
     plans, _ = models.weight_plans(recipe, shape, vocab, axes, values=False)
     mesh = mesh_lib.build_mesh(axes, devices.device_type)

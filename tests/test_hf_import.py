@@ -14,10 +14,11 @@ import torch
 from safetensors.numpy import load_file
 
 TOLERANCE = 1e-4
+CPU8 = ("--devices", "cpu:8")  # the session's devices: an in-process command uses them all
 MESHES = [("batch=1", ()), ("batch=2,model=2", ()), ("batch=4", ("layouts.fsdp=true",))]
 
 
-def _ids(vocab: int, length: int, rows: int = 2) -> np.ndarray:
+def _ids(vocab: int, length: int, rows: int = 4) -> np.ndarray:
     return np.random.default_rng(3).integers(0, vocab, size=(rows, length)).astype(np.int32)
 
 
@@ -30,38 +31,52 @@ def _hf_logprobs(model, ids: np.ndarray) -> np.ndarray:
 
 def _dtcli_logprobs(run, ids: np.ndarray, mesh: str, sets: tuple[str, ...]) -> np.ndarray:
     """The imported checkpoint restored on `mesh` (of the session's 8 virtual CPUs), its
-    model's forward pass over `ids`, each next token's log probability."""
+    model's forward pass over `ids` (in a tf.function, as training and eval run it), each next
+    token's log probability."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
     from dtcli import checkpoint as ckpt_lib
     from dtcli import session as session_lib
     from dtcli.generate.forward import on_host
+    from dtcli.layout import replicated
     from dtcli.recipe import Overrides
     from dtcli.rundir import checkpoint_recipe, tokenizer_file
 
     ckpt = sorted((run / "checkpoints").glob("ckpt-*"))[-1]
-    recipe = checkpoint_recipe(ckpt, "generate", Overrides(sets, mesh, None))
+    recipe = checkpoint_recipe(ckpt, "generate", Overrides(sets, mesh, "cpu:8"))
     use = math.prod(recipe.mesh.values())
     session = session_lib.prepare(
         recipe, splits=(), use_devices=use, tokenizer_file=tokenizer_file(ckpt), command="generate"
     )
     saver = ckpt_lib.Checkpointer(ckpt.parent, {"model": session.model.module}, 1)
     saver.restore(ckpt, session.model.weights, partial=True)
-    logits = on_host(session.model.forward(session.packer.pack(ids), training=False))
-    logits = logits.astype(np.float64)
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
-    logp -= logits.max(-1, keepdims=True)
+
+    @tf.function
+    def logits(window):
+        out = session.model.forward(window, training=False)
+        return dtensor.relayout(out, replicated(session.mesh, 3)) if session.mesh else out
+
+    out = on_host(logits(session.packer.pack(ids))).astype(np.float64)
+    logp = out - out.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     return np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory, cpu8):
-    """Each model made by transformers, and its import (one device)."""
+    """Each model made by transformers, and its import: GPT-2's onto the session's 8 virtual
+    CPUs as a data mesh, Llama's onto batch=2,model=4 (its weights split by the model axis)."""
     from conftest import run_cli
 
     out = {}
-    for kind, make in (("gpt2", hf_models.gpt2), ("llama", hf_models.llama)):
+    for kind, make, mesh in (
+        ("gpt2", hf_models.gpt2, "batch=8"),
+        ("llama", hf_models.llama, "batch=2,model=4"),
+    ):
         tmp = tmp_path_factory.mktemp(kind)
         model = make(tmp / "hf")
-        result = run_cli("import-hf", tmp / "hf", "--out", tmp / "run", "--mesh", "batch=1")
+        result = run_cli("import-hf", tmp / "hf", "--out", tmp / "run", "--mesh", mesh, *CPU8)
         assert result.code == 0, result.err
         out[kind] = (model, tmp)
     return out
@@ -101,9 +116,7 @@ def test_export_gives_every_tensor_back_and_transformers_loads_it(imported, kind
 
 def test_bf16_checkpoint_round_trips_bit_for_bit(tmp_path, cli):
     hf_models.llama(tmp_path / "hf", dtype="bfloat16")
-    assert (
-        cli("import-hf", tmp_path / "hf", "--out", tmp_path / "run", "--mesh", "batch=1").code == 0
-    )
+    assert cli("import-hf", tmp_path / "hf", "--out", tmp_path / "run", *CPU8).code == 0
     assert cli("export", tmp_path / "run", "--format", "hf", "--out", tmp_path / "out").code == 0
     from safetensors import safe_open
 
