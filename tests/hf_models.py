@@ -28,7 +28,7 @@ def tokenizer_json(folder: Path, vocab_size: int = 100) -> int:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()[:60],
+        initial_alphabet=sorted(pre_tokenizers.ByteLevel.alphabet())[:60],
         show_progress=False,
     )
     tok.train_from_iterator(LINES, trainer)
@@ -92,6 +92,7 @@ def gpt2(folder: Path, vocab_size: int = 131, positions: int = 64, dtype: str = 
         vocab_size=vocab_size,
         bos_token_id=0,
         eos_token_id=0,
+        initializer_range=0.2,
     )
     model = AutoModelForCausalLM.from_config(cfg)
     _perturb_norms(model, torch)
@@ -118,6 +119,7 @@ def llama(folder: Path, vocab_size: int = 203, positions: int = 64, dtype: str =
         max_position_embeddings=positions,
         rope_theta=500000.0,
         rms_norm_eps=1e-6,
+        initializer_range=0.2,
         tie_word_embeddings=False,
         bos_token_id=0,
         eos_token_id=0,

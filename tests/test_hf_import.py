@@ -1,7 +1,9 @@
 """import-hf and export --format hf against transformers: small random GPT-2 and Llama models
 made by transformers (tests/hf_models.py), imported, their per-token log probabilities compared
 with transformers' on 1 device, on batch=2,model=2 and with layouts.fsdp; import -> export gives
-every tensor back bit for bit (bf16 too) and transformers loads the export as it is."""
+every tensor back bit for bit (bf16 too) and transformers loads the export as it is; greedy
+generation of 32 tokens is transformers' generate(do_sample=False), stopping at the same
+end-of-sequence ids (several for the Llama, as Llama 3 has)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import torch
 from safetensors.numpy import load_file
 
 TOLERANCE = 1e-4
+NEW_TOKENS = 32
+PROMPT = "First Citizen:"
+# Each greedy token wins by at least this in log probability, so rounding cannot pick it.
+MARGIN = 1e-3
 CPU8 = ("--devices", "cpu:8")  # the session's devices: an in-process command uses them all
 MESHES = [("batch=1", ()), ("batch=2,model=2", ()), ("batch=4", ("layouts.fsdp=true",))]
 
@@ -66,7 +72,9 @@ def _dtcli_logprobs(run, ids: np.ndarray, mesh: str, sets: tuple[str, ...]) -> n
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory, cpu8):
     """Each model made by transformers, and its import: GPT-2's onto the session's 8 virtual
-    CPUs as a data mesh, Llama's onto batch=2,model=4 (its weights split by the model axis)."""
+    CPUs as a data mesh, Llama's onto batch=2,model=4 (its weights split by the model axis).
+    The Llama's generation_config.json names several end-of-sequence ids, as Llama 3's does
+    (_end_sequences_within)."""
     from conftest import run_cli
 
     out = {}
@@ -76,10 +84,35 @@ def imported(tmp_path_factory, cpu8):
     ):
         tmp = tmp_path_factory.mktemp(kind)
         model = make(tmp / "hf")
+        if kind == "llama":
+            _end_sequences_within(model, tmp / "hf", 3 * NEW_TOKENS // 4)
         result = run_cli("import-hf", tmp / "hf", "--out", tmp / "run", "--mesh", mesh, *CPU8)
         assert result.code == 0, result.err
         out[kind] = (model, tmp)
     return out
+
+
+def _prompt_ids(folder) -> list[int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return tok.encode(PROMPT, add_special_tokens=False).ids
+
+
+def _end_sequences_within(model, folder, at: int) -> None:
+    """The model's end-of-sequence ids become [its last id, the first token of its greedy text
+    after PROMPT, from position `at` on, that it did not make before], in its
+    generation_config.json (saved again) and in memory: several ids, the second ends the text,
+    and the tokenizer's end-of-document id 0 (which the text makes earlier) ends nothing."""
+    ids = _prompt_ids(folder)
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    new = ids[-NEW_TOKENS:]
+    stop = next(t for i, t in enumerate(new) if i >= at and t not in new[:i])
+    assert 0 in new[: new.index(stop)] and model.config.vocab_size - 1 not in new
+    model.generation_config.eos_token_id = [model.config.vocab_size - 1, stop]
+    model.generation_config.save_pretrained(folder)
 
 
 @pytest.mark.parametrize("mesh, sets", MESHES)
@@ -130,3 +163,37 @@ def test_bf16_checkpoint_round_trips_bit_for_bit(tmp_path, cli):
             assert x.dtype == y.dtype == torch.bfloat16 and torch.equal(
                 x.view(torch.int16), y.view(torch.int16)
             )
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_greedy_generation_is_transformers(imported, kind):
+    """32 greedy tokens with the K/V cache and without (one device), as transformers'
+    generate(do_sample=False), both stopping at the run's end-of-sequence ids."""
+    from dtcli import generate as generate_lib
+
+    model, tmp = imported[kind]
+    ids = _prompt_ids(tmp / "hf")
+    assert len(ids) + NEW_TOKENS <= model.config.max_position_embeddings
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    want = out.sequences[0, len(ids) :].tolist()
+    stops = model.generation_config.eos_token_id
+    stops = stops if isinstance(stops, list) else [stops]
+    # The Llama stops early, at its second end-of-sequence id; GPT-2 makes all 32.
+    assert len(want) == NEW_TOKENS if kind == "gpt2" else want[-1] == stops[1]
+    for scores in out.scores:
+        top2 = torch.log_softmax(scores[0].double(), -1).topk(2).values
+        assert top2[0] - top2[1] >= MARGIN
+    generator = generate_lib.Generator(tmp / "run", "batch=1", "cpu:8", 1, progress=False)
+    assert list(generator.tokenizer.encode(PROMPT.encode())) == ids
+    for cache in (True, False):
+        settings = generate_lib.Settings(NEW_TOKENS, temperature=0.0, cache=cache)
+        got = [t for picked in generator.steps([PROMPT.encode()], settings) for _, t in picked]
+        assert got == want, f"cache={cache}"

@@ -50,15 +50,33 @@ def copy_in(folder: Path, run: Path) -> None:
     """The model folder's tokenizer and carried files into a run directory being written."""
     shutil.copyfile(Path(folder) / TOKENIZER, run / TOKENIZER)
     (run / FOLDER).mkdir()
-    for name in (*CARRIED, SOURCE_CONFIG):
-        if (Path(folder) / name).is_file():
-            shutil.copyfile(Path(folder) / name, run / FOLDER / name)
+    for name, data in carried(folder).items():
+        (run / FOLDER / name).write_bytes(data)
+
+
+def carried(folder: Path) -> dict[str, bytes]:
+    """The files a run keeps under RUN_DIR/hf/ from a model folder, by name: those it has of
+    CARRIED and its config.json."""
+    paths = (Path(folder) / name for name in (*CARRIED, SOURCE_CONFIG))
+    return {p.name: p.read_bytes() for p in paths if p.is_file()}
 
 
 def source_config(run: Path) -> dict:
     """The config.json an imported run came from ({} for a run dtcli trained from scratch)."""
     path = Path(run) / FOLDER / SOURCE_CONFIG
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def end_of_sequence_ids(run: Path) -> list[int] | None:
+    """The ids that end a generation of an imported run, as transformers' generate stops at
+    them: generation_config.json's eos_token_id, else the source config.json's (an id or a
+    list: Llama 3 has several); None for a run that has neither (dtcli's own)."""
+    for name in (CARRIED[1], SOURCE_CONFIG):
+        path = Path(run) / FOLDER / name
+        ids = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        if ids is not None:
+            return [int(i) for i in (ids if isinstance(ids, list) else [ids])]
+    return None
 
 
 def copy_out(run: Path, tokenizer_text: str, out: Path) -> None:
