@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
         "train",
         "evaluate",
         "generate",
+        "score",
         "export",
         "plan",
         "autoplan",

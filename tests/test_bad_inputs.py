@@ -745,6 +745,79 @@ CASES: dict[str, Case] = {
         expect="not both",
         setup=file_at("p.txt", "b\n"),
     ),
+    "score missing": c("score", "{tmp}/nope", "--text", "ab", expect="no such file"),
+    "score a classifier": c(
+        "score", "{run}", "--text", "ab", expect="score needs a language model (task language"
+    ),
+    "score no text": c(
+        "score", "{run}", expect="--text, --file: give the text to score with exactly one of them"
+    ),
+    "score text and file": c(
+        "score",
+        "{run}",
+        "--text",
+        "ab",
+        "--file",
+        "{tmp}/t.txt",
+        expect="with exactly one of them",
+        setup=file_at("t.txt", "cd"),
+    ),
+    "score empty text": c(
+        "score", "{run}", "--text", "", expect="--text: expected at least one character"
+    ),
+    "score text not utf-8": c(
+        "score", "{run}", "--text", "ab\udcff", expect="--text: not UTF-8 text (surrogates not"
+    ),
+    "score file missing": c(
+        "score", "{run}", "--file", "{tmp}/t.txt", expect="--file '{tmp}/t.txt': cannot read it"
+    ),
+    "score file a folder": c(
+        "score",
+        "{run}",
+        "--file",
+        "{tmp}/d",
+        expect="--file '{tmp}/d': cannot read it (Is a directory)",
+        setup=folder_at("d"),
+    ),
+    "score file empty": c(
+        "score",
+        "{run}",
+        "--file",
+        "{tmp}/t.txt",
+        expect="--file '{tmp}/t.txt': the file is empty",
+        setup=file_at("t.txt", b""),
+    ),
+    "score file binary": c(
+        "score",
+        "{run}",
+        "--file",
+        "{tmp}/p.png",
+        expect="--file '{tmp}/p.png': not UTF-8 text (byte 0x89 at offset 0)",
+        setup=file_at("p.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"),
+    ),
+    "score file with a NUL": c(
+        "score",
+        "{run}",
+        "--file",
+        "{tmp}/t.txt",
+        expect="not UTF-8 text (byte 0x00 at offset 9)",
+        setup=file_at("t.txt", b"ROMEO:\nJU\0LIET:\n"),
+    ),
+    "score stride zero": c(
+        "score", "{run}", "--text", "ab", "--stride", "0", expect="--stride 0: expected a positive"
+    ),
+    "score stride negative": c(
+        "score", "{run}", "--text", "ab", "--stride", "-3", expect="--stride -3: expected"
+    ),
+    "score set unknown key": c(
+        "score",
+        "{run}",
+        "--text",
+        "ab",
+        "--set",
+        "train.compil=xla",
+        expect="unknown recipe key 'train.compil'",
+    ),
     "steps per call zero": t("train.steps_per_call=0", expect="train.steps_per_call"),
     "steps per call huge": t("train.steps_per_call=5000", expect="train.steps_per_call"),
     "steps per call text": t("train.steps_per_call=many", expect="train.steps_per_call"),
@@ -902,6 +975,7 @@ CASES: dict[str, Case] = {
             ("eval run", "CHECKPOINT", ("eval", LONG)),
             ("export run", "CHECKPOINT", ("export", LONG, "--out", "{tmp}/e")),
             ("generate run", "CHECKPOINT", ("generate", LONG)),
+            ("score run", "CHECKPOINT", ("score", LONG, "--text", "ab")),
             ("plot run", "RUN_DIR", ("plot", LONG)),
         )
         for path in [args[args.index("--out") + 1] if arg == "--out" else LONG]
@@ -1256,6 +1330,7 @@ CASES: dict[str, Case] = {
     # ---- launch
     "launch no clients": c("launch", "{q}", expect="--clients: missing; expected how many"),
     "generate no argument": c("generate", expect="CHECKPOINT: missing; expected a language"),
+    "score no argument": c("score", expect="CHECKPOINT: missing; expected a language"),
     "prepare-text no source": c("prepare-text", expect="SOURCE: missing; expected a text"),
     "launch clients zero": c("launch", "{q}", "--clients", "0", expect="--clients"),
     "launch clients negative": c("launch", "{q}", "--clients", "-2", expect="--clients"),

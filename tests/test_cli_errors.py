@@ -206,6 +206,7 @@ def test_one_line_and_printed_render_an_exception_as_one_line():
             "error: --port 'p': expected an integer",
         ),
         (["generate", "run", "--tokens", "many"], "error: --tokens 'many': expected an integer"),
+        (["score", "run", "--stride", "half"], "error: --stride 'half': expected an integer"),
         (["eval", "run", "--batch-size", "1.5"], "error: --batch-size '1.5': expected an integer"),
         (["--show-completion", "tcsh"], "error: --show-completion 'tcsh': expected bash, zsh"),
     ],
@@ -218,7 +219,7 @@ def test_a_value_an_option_refuses_gets_dtcli_wording(args, line, tmp_path, cli)
 
 
 COMMANDS = [[], ["train"], ["launch"], ["eval"], ["generate"], ["export"], ["plan"], ["config"]]
-COMMANDS += [["doctor"], ["plot"]]
+COMMANDS += [["doctor"], ["plot"], ["score"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "dtcli" for c in COMMANDS])

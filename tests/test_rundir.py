@@ -106,6 +106,7 @@ def test_eval_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
         ("eval", [], "'data.batch_size': 64"),  # eval's batch where no eval_batch_size is set
         ("eval", ["data.eval_batch_size=64"], "'data.eval_batch_size': 64"),
         ("generate", [], None),  # it pads its prompts to the data axis
+        ("score", [], None),  # it pads its windows to the data axis
     ],
 )
 def test_a_checkpoint_is_read_with_the_batches_its_command_uses(
@@ -564,7 +565,7 @@ ALLOWED = (
 )
 RUN_DIR_MODULES = (
     "rundir", "checkpoint", "metrics", "runlog", "train", "evaluate", "plot", "generate",
-    "launch", "recipe",
+    "score", "launch", "recipe",
 )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
-"""The commands that read a checkpoint: `dtcli eval`, `dtcli generate` and `dtcli export`; and
-`dtcli import-hf`, which writes one."""
+"""The commands that read a checkpoint: `dtcli eval`, `dtcli generate`, `dtcli score` and
+`dtcli export`; and `dtcli import-hf`, which writes one."""
 
 from __future__ import annotations
 
@@ -121,6 +121,43 @@ def export(
     print(export_lib.export_path(checkpoint, out, format, dtype, max_shard_size))
 
 
+def score(
+    checkpoint: str = typer.Argument(
+        ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
+    ),
+    text: str | None = typer.Option(None, "--text", help="The text to score."),
+    file: str | None = typer.Option(None, "--file", help="A UTF-8 text file to score, whole."),
+    stride: int | None = typer.Option(
+        None,
+        "--stride",
+        help="A text longer than the context: the sliding window advances this many tokens "
+        "(1 to the context; default context // 2: each token sees at least half a context).",
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='Print one JSON object: {"tokens", "logprobs", "sum", "count", "perplexity", '
+        '"bits_per_byte"}.',
+    ),
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    sets: list[str] | None = SetOption,
+    no_progress: bool = NoStatusOption,
+) -> None:
+    """Score a text under a language model checkpoint: each token's log probability given the
+    tokens before it, their sum, the perplexity and the bits per byte."""
+    from dtcli import score as score_lib
+
+    found = score_lib.read_text(text, file)
+    result = score_lib.score_path(
+        checkpoint, found, stride, overrides(sets, mesh, devices), progress=not no_progress
+    )
+    if as_json:
+        print(score_lib.as_json(result))
+        return
+    score_lib.render(result, console())
+
+
 def import_hf(
     hf_dir: str = typer.Argument(
         ..., help="A Hugging Face model folder: config.json, model.safetensors, tokenizer.json."
@@ -135,7 +172,7 @@ def import_hf(
     no_progress: bool = NoStatusOption,
 ) -> None:
     """Import a Hugging Face GPT-2 or Llama model folder as a run directory (its weights as the
-    step-0 checkpoint) that eval, generate, export and plan read, on any mesh."""
+    step-0 checkpoint) that eval, generate, score, export and plan read, on any mesh."""
     from dtcli import import_hf as import_lib
 
     print(

@@ -38,7 +38,6 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
 from dtcli import progress as progress_lib
 from dtcli import rundir, storage
@@ -154,9 +153,11 @@ class Generator:
                     f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
                     f"language_model); this run's task is {recipe.task}"
                 )
+            from dtcli.session.restore import restored_session
+
             key = devices_lib.key_for(devices)
             self.end_of_sequence = _end_of_sequence(rundir.tokenizer_file(found).parent)
-            return recipe, _restored_session(found, held, recipe, use_devices, key)
+            return recipe, restored_session(found, held, recipe, "generate", use_devices, key)
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
         what = "generate: restoring the checkpoint on the mesh"
@@ -378,30 +379,3 @@ def _end_of_sequence(run: Path) -> frozenset[int] | None:
 
     ids = tokenizer_files.end_of_sequence_ids(run)
     return None if ids is None else frozenset(ids)
-
-
-def _restored_session(
-    found: Path, held: Path, recipe: Recipe, use_devices: int | None, devices_key: str
-) -> Any:
-    """A session on the target mesh, without data, with the checkpoint restored into it."""
-    from dtcli import tfruntime
-
-    tfruntime.import_tensorflow()  # without its native start-up notices
-    from dtcli import session as session_lib
-    from dtcli.layout import layout_warnings
-
-    session = session_lib.prepare(
-        recipe,
-        splits=(),
-        use_devices=use_devices,
-        devices_key=devices_key,
-        tokenizer_file=rundir.tokenizer_file(found),
-        command="generate",
-    )
-    rules = recipe.layouts.rules
-    # As `train` and `plan` say it: a --mesh axis no rule splits along only copies the work.
-    for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, keep=1)
-    ckpt.restore(held, session.model.weights, partial=True)
-    return session

@@ -2,9 +2,9 @@
 
 A command checks only the batch keys it steps through: `train` both batches and train.accumulate's
 micro-batches, `eval` its evaluation batch (data.eval_batch_size, else data.batch_size), and
-`generate` and `export` none (generate pads its prompts to the data axis; export runs on one
-device). A checkpoint's recipe was checked for training when it was trained; what eval or
-generate changes of it (--mesh, --set) is checked for what they run.
+`generate`, `score` and `export` none (generate pads its prompts to the data axis, score its
+windows; export runs on one device). A checkpoint's recipe was checked for training when it was
+trained; what eval, generate or score changes of it (--mesh, --set) is checked for what they run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dtcli.errors import UsageError
 from dtcli.mesh import UNSHARDED, check_batch, resolve_axes
 from dtcli.recipe.configs import Recipe
 
-COMMANDS = ("train", "eval", "generate", "export")
+COMMANDS = ("train", "eval", "generate", "score", "export")
 
 
 def batches_used(recipe: Recipe, command: str) -> dict[str, int]:

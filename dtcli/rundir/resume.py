@@ -134,7 +134,7 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
     return {k: [a.get(k), b.get(k)] for k in {**a, **b} if a.get(k) != b.get(k)}
 
 
-# What eval, generate and export may change of a checkpoint's model (--set): none changes a
+# What eval, generate, score and export may change of a checkpoint's model (--set): none changes a
 # weight or what the trained model computes at inference (dropout is the identity there, remat
 # recomputes only a backward pass; build_path says where model.build's module lives now).
 FREE_IN_A_CHECKPOINT = ("model.transformer.dropout", "model.transformer.remat", "model.build_path")
@@ -147,7 +147,7 @@ def checkpoint_recipe(
     batch_size: int | None = None,
 ) -> Recipe:
     """The recipe stored with a checkpoint, with command-line overrides, checked for `command`
-    (eval, generate or export: recipe.COMMANDS), which keeps the checkpoint's model.
+    (eval, generate, score or export: recipe.COMMANDS), which keeps the checkpoint's model.
 
     `train.compile: xla` says how that run trained (on one device); read onto another mesh
     (`--mesh`, `--devices`) it is `auto`, XLA where that mesh is one device, so a checkpoint of

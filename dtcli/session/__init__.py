@@ -10,6 +10,8 @@ any mesh. train (the loop), eval, doctor and bench import this package; it impor
     epoch.py       training in data order: `run_epoch`, `run_steps`, `EpochState`, where a resume
                    goes on
     evaluation.py  `evaluate`: loss and accuracy (perplexity, bits per byte) over a split
+    restore.py     `restored_session`: a checkpoint restored on a mesh without data (generate,
+                   score)
 """
 
 from dtcli.session.build import (
