@@ -229,9 +229,10 @@ def _heads_hint(path: str, dim: int, size: int, axis: str, devices: int) -> str:
         return ""
     if part in ("key", "value"):
         return (
-            f" (it is the key/value heads: {size} heads cannot be split over {devices} devices "
-            f"without splitting a head; split query alone and keep key and value replicated, or "
-            f"use a '{axis}' axis that divides model.transformer.kv_heads)"
+            f" (it is the attention heads: {size} heads cannot be split over {devices} devices "
+            f"without splitting a head; use a '{axis}' axis that divides "
+            "model.transformer.kv_heads (default: heads), or, with fewer key/value heads than "
+            "heads, split query alone and keep key and value replicated)"
         )
     return (
         f" (it is the attention heads: {size} heads cannot be split over {devices} devices "

@@ -438,3 +438,23 @@ def test_a_calibration_says_each_probe_and_beats_while_one_lasts(tmp_path, monke
     assert said[0].startswith("calibrating the cost model on cpu:8 (once; cached in ")
     assert said[1:] == ["calibrating: a mesh of 8 devices", "calibrating: one device by XLA"]
     assert calibrate.load_cached("fake:8") == rates
+
+
+def test_gqa_tp_rules_keep_key_value_replicated_where_the_model_axis_does_not_divide_them():
+    """tiny_gpt with 2 key/value heads of 4 (grouped-query attention) and swiglu: on model=2 the
+    tensor-parallel preset splits query, key and value; on model=4 it keeps key and value
+    replicated (the queries split) instead of being refused, and fits; the gate splits as fc."""
+    sets = ("model.transformer.kv_heads=2", "model.transformer.activation=swiglu")
+    _, model, checked = _search(GPT, sets)
+    by = _by_label(checked)
+    assert "tp on batch=4,model=2" in by and "tp on batch=2,model=4" not in by
+    split, kept = by["tp on batch=4,model=2"], by["tp (k/v replicated) on batch=2,model=4"]
+    assert split.fits and kept.fits, (split.rejected, kept.rejected)
+    assert by["fsdp x tp (k/v replicated) on batch=2,model=4"].fits
+    rules = kept.raw["layouts"]["rules"]
+    assert rules == candidates.key_value_replicated(split.raw["layouts"]["rules"])
+    plans = layout_lib.plan_weights(rules, model.weights, {"batch": 2, "model": 4})
+    spec = {p.weight.path: p.spec for p in plans}
+    assert spec["block_0.attention.query.kernel"] == ("unsharded", "model", "unsharded")
+    assert spec["block_0.attention.key.kernel"] == ("unsharded",) * 3
+    assert spec["block_0.mlp.gate.kernel"] == ("unsharded", "model")

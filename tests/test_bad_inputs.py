@@ -512,7 +512,7 @@ CASES: dict[str, Case] = {
         "train",
         str(RECIPES / "tiny_gpt_tensor_parallel.yaml"),
         *s("model.transformer.kv_heads=2"),
-        expect="it is the key/value heads: 2 heads cannot be split over 4 devices",
+        expect="key.kernel' has size 2, which does not divide by mesh axis 'model' of size 4 (it is the attention heads: 2 heads cannot be split over 4 devices without splitting a head; use a 'model' axis that divides model.transformer.kv_heads",
     ),
     "text path missing": lm("data.path=nope.txt", expect="recipe key 'data.path': no file"),
     "text file empty": lm("data.path={tmp}/e.txt", expect="is empty", setup=file_at("e.txt", "")),

@@ -285,7 +285,6 @@ def assert_matches(logits: np.ndarray, reference: np.ndarray) -> None:
     assert logits.shape == (BATCH, CONTEXT, TABLE)
     assert np.all(np.isneginf(logits[..., VOCAB:]))
     ours = log_probs(logits)[..., :VOCAB]
-    print("largest gap to the reference", np.max(np.abs(ours - reference)))
     assert np.max(np.abs(ours - reference)) < 1e-5
 
 
@@ -383,3 +382,105 @@ def decode_heads(plans: list) -> str:
     from dtcli.models import decode
 
     return decode.heads_axis(plans, None)
+
+
+# --- the masked vocabulary, plan, training options ---------------------------------------------
+
+
+def test_ids_past_vocab_size_get_no_probability_in_the_loss_or_sampling(cpu8):
+    """The llama model's padded head rows are 0 (logit 0, not -inf, without the mask): the
+    training sums' cross-entropy is the one over the real ids alone, and sampling at a high
+    temperature, with no tokenizer cap, never draws a padding id."""
+    import tensorflow as tf
+
+    from dtcli.generate.loop import pick
+    from dtcli.steps.step import sums
+
+    cfg, weights, _ = llama(False)
+    logits = one_device(cfg, weights)
+    unmasked = one_device(dataclasses.replace(cfg, vocab_size=None), weights)
+    assert np.all(unmasked[..., VOCAB:] == 0) and np.all(np.isneginf(logits[..., VOCAB:]))
+    y = np.roll(TOKENS, -1, axis=1)
+    mask = np.ones(BATCH, np.float32)
+    got = float(sums(tf.constant(logits), tf.constant(y), tf.constant(mask), True)["ce_sum"])
+    real = log_probs(logits[..., :VOCAB])
+    want = -np.take_along_axis(real, y[..., None], -1).sum()
+    assert got == pytest.approx(want, rel=1e-6)
+    padded = float(sums(tf.constant(unmasked), tf.constant(y), tf.constant(mask), True)["ce_sum"])
+    assert padded > want + 1.0  # the padding would have taken probability
+    rng = np.random.default_rng(0)
+    drawn = [
+        pick(row, 100.0, None, rng) for row in logits.reshape(-1, TABLE)[:8] for _ in range(50)
+    ]
+    assert max(drawn) < VOCAB and len(set(drawn)) > 50
+
+
+GQA_SWIGLU = (
+    "model.transformer={layers: 2, d_model: 64, heads: 8, kv_heads: 2, activation: swiglu, "
+    "mlp_hidden: 96, norm: rmsnorm, positions: rope, context: 16, tie_embeddings: false, "
+    "vocab_size: 300}"
+)
+
+
+def test_plan_bytes_and_flops_count_the_built_swiglu_gqa_model(cli):
+    import json
+
+    from conftest import RECIPES
+
+    cfg = recipe.load(RECIPES / "tiny_gpt.yaml", recipe.Overrides((GQA_SWIGLU,))).model.transformer
+    built = transformer.build(cfg, 320)  # 300 ids rounded up to 64s
+    params = built.count_params()
+    on8 = ("--devices", "cpu:8", "--mesh", "batch=4,model=2")
+    report = cli("plan", RECIPES / "tiny_gpt.yaml", *on8, "--set", GQA_SWIGLU, "--json")
+    assert report.code == 0, report.err
+    figures = json.loads(report.out.strip().splitlines()[-1])
+    assert figures["memory_bytes"]["weights"] == 4 * params
+    assert figures["batch"]["logits_per_device_shape"][-1] == 320
+    # 6 FLOPs per weight (rope: no position table) + the attention's 12 * layers * d * context
+    flops = transformer.flops_per_token(cfg, 320, 16)
+    assert flops == 6 * params + 12 * 2 * 64 * 16
+
+
+def test_rope_swiglu_gqa_trains_the_same_with_remat_and_accumulation_and_near_in_bf16(
+    cpu8, tmp_path
+):
+    """A few AdamW steps on batch=2,model=2 (Megatron rules, key/value split): remat and two
+    micro-batches give the plain run's losses (the same math), bf16 matmuls losses near them."""
+    import itertools
+
+    from conftest import RECIPES, write_corpus
+
+    from dtcli import session as T
+    from dtcli import steps as steps_lib
+
+    corpus = write_corpus(tmp_path / "corpus.txt", 6000)
+    model = (
+        "model.transformer={layers: 1, d_model: 32, heads: 4, kv_heads: 2, activation: swiglu, "
+        "norm: rmsnorm, positions: rope, context: 16, remat: REMAT}"
+    )
+
+    def losses(remat: bool, accumulate: int, precision: str) -> np.ndarray:
+        sets = (
+            f"data.path={corpus}",
+            model.replace("REMAT", str(remat).lower()),
+            "data.batch_size=8",
+            "train.steps_per_call=4",
+            f"train.accumulate={accumulate}",
+            f"train.precision={precision}",
+            "train.compile=dtensor",
+            "optimizer.warmup_steps=0",
+            "optimizer.learning_rate=1e-2",
+        )
+        r = recipe.load(
+            RECIPES / "tiny_gpt_tensor_parallel.yaml",
+            recipe.Overrides(sets, "batch=2,model=2", "cpu:8"),
+        )
+        s = T.prepare(r, splits=("train",), use_devices=4)
+        call, _ = steps_lib.make_steps(s)
+        block = list(itertools.islice(s.train_feed.epoch(0, 0, 4), 4))
+        return np.asarray(steps_lib.train_block(s, call, block)["loss"])
+
+    plain = losses(False, 1, "float32")
+    assert plain[-1] < plain[0]
+    np.testing.assert_allclose(losses(True, 2, "float32"), plain, rtol=1e-5)
+    np.testing.assert_allclose(losses(True, 2, "bf16"), plain, rtol=2e-2)

@@ -69,17 +69,57 @@ def factorizations(count: int, parts: int) -> list[tuple[int, ...]]:
     return out
 
 
-def gpt_tensor_parallel(model_axis: str) -> dict[str, list[str]]:
+QKV_RULE = r"block_\d+\.attention\.(query|key|value)\.kernel"
+QUERY_RULE = r"block_\d+\.attention\.query\.kernel"
+GATE_RULE = r"block_\d+\.mlp\.gate\.kernel"
+
+
+def gpt_tensor_parallel(model_axis: str, gate: bool = False) -> dict[str, list[str]]:
     """Megatron rules for dtcli's GPT (recipes/tiny_gpt_tensor_parallel.yaml): heads, the MLP's
-    hidden units and the embeddings' features split along the model axis."""
+    hidden units and the embeddings' features split along the model axis (`gate`: swiglu's
+    gate matrix too, split as fc is)."""
     m = model_axis
-    return {
+    rules = {
         r"(token|position)_embedding\.embeddings": [U, m],
-        r"block_\d+\.attention\.(query|key|value)\.kernel": [U, m, U],
+        QKV_RULE: [U, m, U],
         r"block_\d+\.attention\.proj\.kernel": [m, U, U],
         r"block_\d+\.mlp\.fc\.kernel": [U, m],
         r"block_\d+\.mlp\.proj\.kernel": [m, U],
     }
+    if gate:
+        rules[GATE_RULE] = [U, m]
+    return rules
+
+
+def key_value_replicated(rules: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`rules` with the query kernels alone split where they split query, key and value: for
+    a model axis that does not divide the key/value heads (grouped-query attention), which then
+    stay whole on every device."""
+    if QKV_RULE not in rules:
+        return rules
+    return {(QUERY_RULE if k == QKV_RULE else k): v for k, v in rules.items()}
+
+
+def attention_heads(weights: list[WeightInfo]) -> tuple[int, int] | None:
+    """dtcli's GPT's query and key/value heads (dim 1 of its query and key kernels); None for
+    another model."""
+    shapes = {w.path: w.shape for w in weights}
+    query, key = (shapes.get(f"block_0.attention.{p}.kernel") for p in ("query", "key"))
+    return None if query is None or key is None else (query[1], key[1])
+
+
+def fitted(layout: Layout, axes: dict[str, int], heads: tuple[int, int] | None) -> Layout:
+    """A preset on a mesh whose model axis divides the query heads but not the key/value heads
+    (grouped-query attention): its tensor-parallel rules keep key and value replicated there
+    (the queries still split), named so. The recipe's own layout stays as written."""
+    spec = layout.rules.get(QKV_RULE)
+    if heads is None or layout.name == RECIPE or spec is None or spec[1] == U:
+        return layout
+    size = axes.get(spec[1], 1)
+    if heads[0] % size or heads[1] % size == 0:
+        return layout
+    rules = key_value_replicated(layout.rules)
+    return Layout(f"{layout.name} (k/v replicated)", rules, layout.fsdp)
 
 
 def dense_tensor_parallel(weights: list[WeightInfo], model_axis: str) -> dict[str, list[str]]:
@@ -107,7 +147,8 @@ def tensor_parallel_rules(
 ) -> dict[str, list[str]]:
     """The model's tensor-parallel rules: dtcli's GPT's, or a Dense stack's (empty: none)."""
     if transformer:
-        return gpt_tensor_parallel(model_axis)
+        gate = any(w.path.endswith(".mlp.gate.kernel") for w in weights)
+        return gpt_tensor_parallel(model_axis, gate)
     return dense_tensor_parallel(weights, model_axis)
 
 
@@ -140,12 +181,17 @@ def applies(layout: Layout, axes: dict[str, int], data_axis: str) -> bool:
 
 
 def enumerate_candidates(
-    count: int, axis_names: tuple[str, ...], data_axis: str, presets: list[Layout]
+    count: int,
+    axis_names: tuple[str, ...],
+    data_axis: str,
+    presets: list[Layout],
+    heads: tuple[int, int] | None = None,
 ) -> list[Candidate]:
     """Every mesh of each divisor of `count` devices over `axis_names` times every preset that
-    belongs on it, and the one-device mesh once (`ONE_DEVICE`: no rule splits anything there);
-    a preset equal to one already listed on the same mesh (the recipe's own layout is often
-    one of the presets) is listed once, named after both."""
+    belongs on it (`fitted` to the GPT's query and key/value `heads`), and the one-device mesh once
+    (`ONE_DEVICE`: no rule splits anything there); a preset equal to one already listed on the
+    same mesh (the recipe's own layout is often one of the presets) is listed once, named after
+    both."""
     found: dict[tuple, Candidate] = {}
     for devices in divisors(count):
         if devices == 1:
@@ -154,7 +200,7 @@ def enumerate_candidates(
             continue
         for sizes in factorizations(devices, len(axis_names)):
             axes = dict(zip(axis_names, sizes))
-            for layout in presets:
+            for layout in (fitted(p, axes, heads) for p in presets):
                 if applies(layout, axes, data_axis):
                     _add(found, Candidate(axes, layout))
     return list(found.values())

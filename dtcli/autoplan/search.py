@@ -95,7 +95,8 @@ def enumerate_for(
     names = cands.axis_names(data_axis, tuple(recipe.mesh), MODEL_AXIS)
     tp = cands.tensor_parallel_rules(model.weights, recipe.model.transformer is not None, names[1])
     presets = cands.layouts(tp, recipe.layouts.rules, recipe.layouts.fsdp)
-    found = cands.enumerate_candidates(count, names, data_axis, presets)
+    heads = cands.attention_heads(model.weights)
+    found = cands.enumerate_candidates(count, names, data_axis, presets, heads)
     if device_type == "TPU":
         found = [c for c in found if c.devices == count]
     if not any(cands.RECIPE in c.layout.name for c in found):

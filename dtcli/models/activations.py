@@ -115,11 +115,16 @@ def transformer(
     details: dict[str, int],
 ) -> dict[str, int]:
     """dtcli's GPT at context `s`, `b` sequences per device, compute dtype of `c` bytes."""
-    h, a, f = cfg.d_model, cfg.heads, cfg.mlp_ratio * cfg.d_model
+    h, a, f = cfg.d_model, cfg.heads, cfg.hidden
     t = shards.of("block_0.attention.query.kernel", 1)  # heads
+    tk = shards.of("block_0.attention.key.kernel", 1)  # key/value heads
     u = shards.of("block_0.mlp.fc.kernel", 1)  # the MLP's hidden units
     sbh, probs, hidden = s * b * h, a * s * s * b // t, s * b * f // u
-    per_block = F32 * (2 * sbh + probs + hidden) + c * (2 * sbh + 4 * sbh // t + hidden)
+    sbkv = s * b * cfg.key_heads * cfg.head_dim // tk  # keys (or values) of fewer heads
+    # float32: the MLP's activation input (GELU's gradient reads it); swiglu's gate output,
+    # its SiLU and the up projection's output (the product's gradient reads both factors)
+    kept = hidden * (3 if cfg.activation == "swiglu" else 1)
+    per_block = F32 * (2 * sbh + probs + kept) + c * (2 * sbh + 2 * sbh // t + 2 * sbkv + hidden)
     if c != F32:  # under float32 the probabilities feed their matmul as they are
         per_block += c * probs
     if cfg.dropout:

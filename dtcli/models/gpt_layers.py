@@ -272,7 +272,10 @@ class MLP(tf_keras.layers.Layer):
 
     def call(self, x: Any) -> Any:
         if self.gate is not None:
-            return self.proj(tf.nn.silu(self.gate(x)) * self.fc(x))
+            # SiLU spelled out: tf.nn.silu's custom gradient (an IdentityN) breaks DTensor's
+            # lowering of the steps' loop ("operand #0 does not dominate this use").
+            gate = self.gate(x)
+            return self.proj(gate * tf.sigmoid(gate) * self.fc(x))
         return self.proj(tf.nn.gelu(self.fc(x), approximate=self.approximate))
 
 
