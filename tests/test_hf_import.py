@@ -92,11 +92,11 @@ def imported(tmp_path_factory, cpu8):
     return out
 
 
-def _prompt_ids(folder) -> list[int]:
+def _prompt_ids(folder, text: str = PROMPT) -> list[int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    return tok.encode(PROMPT, add_special_tokens=False).ids
+    return tok.encode(text, add_special_tokens=False).ids
 
 
 def _end_sequences_within(model, folder, at: int) -> None:
@@ -123,6 +123,22 @@ def test_log_probabilities_match_transformers(imported, kind, mesh, sets):
     want = _hf_logprobs(model, ids)
     got = _dtcli_logprobs(tmp / "run", ids, mesh, sets)
     assert np.abs(got - want).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_score_matches_transformers(imported, kind, cli):
+    """`dtcli score --json` of the import on batch=2,model=4: transformers' log probabilities
+    of the text's tokens (the tokenizer's ids; the others' logits still in each softmax)."""
+    import json
+
+    model, tmp = imported[kind]
+    text = hf_models.LINES[1]
+    result = cli("score", tmp / "run", "--text", text, "--json", "--mesh", "batch=2,model=4", *CPU8)
+    assert result.code == 0, result.err
+    got = json.loads(result.out)
+    ids = np.array([got["tokens"]])
+    assert got["tokens"] == _prompt_ids(tmp / "hf", text)
+    assert np.abs(np.array(got["logprobs"]) - _hf_logprobs(model, ids)[0]).max() < TOLERANCE
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
