@@ -85,6 +85,21 @@ def hf_folder(config=None, remove=None, cut=0, edit=None, tokenizer=100):
     return setup
 
 
+def from_hf_recipe(model: str, data: str = ""):
+    """A tiny GPT-2 folder at {tmp}/hf and a recipe r.yaml that starts from it (model.from_hf),
+    with `model` and `data` added to its model.transformer and data mappings."""
+
+    def setup(tmp: Path) -> None:
+        hf_folder()(tmp)
+        (tmp / "r.yaml").write_text(
+            "task: language_model\n"
+            f"model: {{from_hf: hf, transformer: {{{model}}}}}\n"
+            f"data: {{source: text, batch_size: 8{data}}}\n"
+        )
+
+    return setup
+
+
 def file_at(name: str, text: str | bytes = "x"):
     def setup(tmp: Path) -> None:
         path = tmp / name
@@ -1214,6 +1229,34 @@ CASES: dict[str, Case] = {
         "17",
         expect="--context 17: expected 1 to the model's 16 positions",
         setup=hf_folder(),
+    ),
+    # ---- model.from_hf (the same folder)
+    "from_hf contradicts heads": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.transformer.heads': 4 contradicts model.from_hf 'hf', whose "
+        "config.json makes it 2",
+        setup=from_hf_recipe("context: 8, heads: 4"),
+    ),
+    "from_hf contradicts the tokenizer": c(
+        "train",
+        "{r}",
+        expect="recipe key 'data.tokenizer': 'gpt2' contradicts model.from_hf",
+        setup=from_hf_recipe("context: 8", ", tokenizer: gpt2"),
+    ),
+    "from_hf context past the positions": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.transformer.context':",
+        setup=from_hf_recipe("context: 17"),
+    ),
+    "from_hf no folder": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_hf'",
+        setup=lambda tmp: (tmp / "r.yaml").write_text(
+            "task: language_model\nmodel: {from_hf: nowhere}\ndata: {source: text}\n"
+        ),
     ),
     "export out in /proc": c("export", "{run}", "--out", "/proc/dtcli-sm", expect="--out"),
     "export out the run": c("export", "{run}", "--out", "{run}", expect="--out"),

@@ -213,3 +213,51 @@ def test_greedy_generation_is_transformers(imported, kind):
         settings = generate_lib.Settings(NEW_TOKENS, temperature=0.0, cache=cache)
         got = [t for picked in generator.steps([PROMPT.encode()], settings) for _, t in picked]
         assert got == want, f"cache={cache}"
+
+
+def test_fine_tuning_from_hf_starts_from_its_weights_and_resumes(imported, cli, tmp_path):
+    """model.from_hf on batch=4,model=2: the first step's loss is transformers' loss of the
+    Llama on that batch (the weights came in), the run keeps the folder's generation settings,
+    and it resumes for 2 more steps once the folder is gone (its recipe needs it no more)."""
+    import shutil
+
+    import yaml
+
+    from dtcli import data as data_lib
+    from dtcli import metrics
+    from dtcli import recipe as recipe_lib
+
+    model, tmp = imported["llama"]
+    folder = shutil.copytree(tmp / "hf", tmp_path / "hf")
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(hf_models.LINES * 4))
+    recipe = {
+        "task": "language_model",
+        "mesh": {"batch": 4, "model": 2},
+        "model": {"from_hf": str(folder), "transformer": {"context": 16}},
+        "data": {"source": "text", "path": str(text), "batch_size": 8, "shuffle": False},
+        "optimizer": {"name": "adamw", "learning_rate": 1e-3},
+        "train": {"steps": 3, "log_every": 1},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    run = tmp_path / "run"
+    result = cli("train", tmp_path / "r.yaml", "--out", run, "--no-progress", *CPU8)
+    assert result.code == 0, result.err
+    first = metrics.read(run / "steps.jsonl")[0]
+    resolved = recipe_lib.load(run / "recipe.yaml")
+    vocab = model.config.vocab_size
+    batch = data_lib.load(resolved.data, ("train",), run / "tokenizer.json", vocab).train
+    with torch.no_grad():
+        logits = model(torch.tensor(batch.x[:8].astype(np.int64))).logits
+        want = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            torch.tensor(batch.y[:8].astype(np.int64)).reshape(-1),
+        )
+    assert abs(first["loss"] - float(want)) < TOLERANCE, (first, float(want))
+    assert (run / "hf" / "generation_config.json").read_bytes() == (
+        folder / "generation_config.json"
+    ).read_bytes()
+    shutil.rmtree(folder)
+    result = cli("train", "--resume", run, "--set", "train.steps=5", "--no-progress")
+    assert result.code == 0, result.err
+    assert [r["step"] for r in metrics.read(run / "steps.jsonl")][-2:] == [4, 5]

@@ -4,16 +4,19 @@ The folder's config.json gives `model.transformer` (dtcli.hf.config) and its tok
 `data.tokenizer`; the recipe gives the rest (data, optimizer, batch, schedule, and of the model
 only its context, dropout and remat). A model key or tokenizer the recipe sets otherwise than
 the folder says is refused, naming both. The step-0 weights are read by `train` (a new run
-only). Resolved on the raw recipe as it loads, so the run's recipe.yaml holds every key.
+only). Resolved on the raw recipe as it loads, so the run's recipe.yaml holds every key; such a
+recipe loads without the folder once it is gone (a run moved, a download cache cleared).
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from dtcli.errors import UsageError
 from dtcli.hf import config as hf_config
+from dtcli.recipe.configs import TransformerConfig
 
 KEY = "model.from_hf"
 # The model.transformer keys a recipe may choose beside model.from_hf.
@@ -32,6 +35,10 @@ def resolve(raw: dict) -> dict:
     own = model.get("transformer") or {}
     if not isinstance(own, dict):
         raise UsageError(f"recipe key 'model.transformer': expected a mapping beside {KEY}")
+    if not Path(folder).is_dir() and _written_out(own):
+        # A run's own recipe (recipe.yaml, a checkpoint's): the folder gave its first step;
+        # eval, generate, score, export and a resume read the run's weights and tokenizer.
+        return raw
     context = own.get("context")
     named = f"recipe key '{KEY}'"
     hf = hf_config.read(folder, named, context, "recipe key 'model.transformer.context':")
@@ -50,6 +57,11 @@ def resolve(raw: dict) -> dict:
         "model": {**model, "from_hf": absolute, "transformer": transformer},
         "data": data,
     }
+
+
+def _written_out(transformer: dict) -> bool:
+    """Whether model.transformer holds every key, as a run's resolved recipe does."""
+    return {f.name for f in fields(TransformerConfig)} <= set(transformer)
 
 
 def _tokenizer(given: Any, folder: str) -> str:
