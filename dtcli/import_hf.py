@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,37 @@ def _raw_recipe(hf: hf_config.HfConfig, out: Path) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Target:
+    """The model an import fills: built on the recipe's mesh, no weight set yet."""
+
+    built: Any  # models.Built
+    mesh: Any  # None: plain variables on one device
+    axes: dict[str, int]
+    devices: str  # the resolved devices, as the run's recipe records them
+    input_shape: tuple[int, ...]
+    vocab: int  # the model's (rounded) vocabulary
+
+
+def build_target(recipe: Recipe, tokenizer: Path, devices_key: str) -> Target:
+    """The recipe's model on its mesh with every weight left for the caller to assign (no
+    initial values computed on the host); bench/import_hf.py measures its memory."""
+    from dtcli import data as data_lib
+    from dtcli import devices as devices_lib
+    from dtcli import mesh as mesh_lib
+    from dtcli import models
+
+    count = mesh_lib.device_count_for(recipe.mesh)
+    devices = devices_lib.configure(recipe.devices, count, devices_key)
+    axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
+    data = data_lib.no_data(recipe.data, tokenizer, recipe.model.real_vocab)
+    shape, vocab = data.input_shape, data.num_classes
+    plans, _ = models.weight_plans(recipe, shape, vocab, axes, values=False)
+    mesh = mesh_lib.build_mesh(axes, devices.device_type)
+    built = models.build(recipe, shape, vocab, mesh, plans, None)
+    return Target(built, mesh, axes, devices.text, shape, vocab)
+
+
 def _write_checkpoint(
     run: Path,
     recipe: Recipe,
@@ -97,24 +129,17 @@ def _write_checkpoint(
 ) -> None:
     """The model built on the recipe's mesh, each weight set from the folder, saved as the
     step-0 checkpoint of the run at `run`."""
-    from dtcli import data as data_lib
     from dtcli import devices as devices_lib
-    from dtcli import mesh as mesh_lib
     from dtcli import models
     from dtcli.models import hf_weights
 
     key = devices_lib.key_for(overrides.devices)
-    devices = devices_lib.configure(recipe.devices, mesh_lib.device_count_for(recipe.mesh), key)
-    axes = mesh_lib.resolve_axes(recipe.mesh, devices.count)
-    data = data_lib.no_data(recipe.data, run / rundir.TOKENIZER, recipe.model.real_vocab)
-    shape, vocab = data.input_shape, data.num_classes
-    plans, _ = models.weight_plans(recipe, shape, vocab, axes, values=False)
-    mesh = mesh_lib.build_mesh(axes, devices.device_type)
-    built = models.build(recipe, shape, vocab, mesh, plans, None)
-    hf_weights.assign(built, hf, files, by_name, lambda v, var: models.place(v, var, mesh))
-    resolved = recipe_lib.replace(recipe, command="export", mesh=axes, devices=devices.text)
-    meta = _meta(resolved, built, shape, vocab, files.dtype())
-    ckpt_lib.Checkpointer(run / rundir.CHECKPOINTS, {"model": built.module}, keep=1).save(0, meta)
+    t = build_target(recipe, run / rundir.TOKENIZER, key)
+    hf_weights.assign(t.built, hf, files, by_name, lambda v, var: models.place(v, var, t.mesh))
+    resolved = recipe_lib.replace(recipe, command="export", mesh=t.axes, devices=t.devices)
+    meta = _meta(resolved, t.built, t.input_shape, t.vocab, files.dtype())
+    saver = ckpt_lib.Checkpointer(run / rundir.CHECKPOINTS, {"model": t.built.module}, keep=1)
+    saver.save(0, meta)
 
 
 def _meta(
