@@ -17,7 +17,18 @@ LAYERS: list[set[str]] = [
     {"recipe"},
     {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics", "stretches"},
     {"session", "steps", "rundir", "progress", "runlog", "plot", "memory", "published"},
-    {"train", "evaluate", "generate", "score", "export", "plan", "autoplan", "doctor", "launch"},
+    {
+        "train",
+        "evaluate",
+        "generate",
+        "score",
+        "export",
+        "plan",
+        "autoplan",
+        "doctor",
+        "launch",
+        "import_hf",
+    },
     {"cli", "terminal", "__main__"},
 ]
 COMMANDS = LAYERS[5]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import hf_models
 import pytest
 import yaml
 from conftest import RECIPES, snapshot
@@ -63,6 +64,39 @@ def quick_edit(edit: Callable[[dict], None]):
         raw = yaml.safe_load(Path(QUICK).read_text())
         edit(raw)
         (tmp / "r.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    return setup
+
+
+def hf_folder(config=None, remove=None, cut=0, edit=None, tokenizer=100):
+    """A tiny GPT-2 folder at {tmp}/hf (hf_models.numpy_gpt2), then broken as asked: a file
+    removed, model.safetensors cut short by `cut` bytes, config.json's keys changed."""
+
+    def setup(tmp: Path) -> None:
+        folder = hf_models.numpy_gpt2(tmp / "hf", config, tokenizer)
+        if remove:
+            (folder / remove).unlink()
+        if cut:
+            data = (folder / "model.safetensors").read_bytes()
+            (folder / "model.safetensors").write_bytes(data[:-cut])
+        if edit:
+            raw = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**raw, **edit}))
+
+    return setup
+
+
+def from_hf_recipe(model: str, data: str = ""):
+    """A tiny GPT-2 folder at {tmp}/hf and a recipe r.yaml that starts from it (model.from_hf),
+    with `model` and `data` added to its model.transformer and data mappings."""
+
+    def setup(tmp: Path) -> None:
+        hf_folder()(tmp)
+        (tmp / "r.yaml").write_text(
+            "task: language_model\n"
+            f"model: {{from_hf: hf, transformer: {{{model}}}}}\n"
+            f"data: {{source: text, batch_size: 8{data}}}\n"
+        )
 
     return setup
 
@@ -1127,6 +1161,129 @@ CASES: dict[str, Case] = {
     ),
     "export out not empty": c(
         "export", "{run}", "--out", "{tmp}/d", expect="not empty", setup=file_at("d/x")
+    ),
+    "export hf of a classifier": c(
+        "export",
+        "{run}",
+        "--format",
+        "hf",
+        "--out",
+        "{tmp}/hf",
+        expect="--format hf: the run's model is no model.transformer",
+    ),
+    "export bad format": c(
+        "export", "{run}", "--format", "onnx", "--out", "{tmp}/x", expect="--format 'onnx'"
+    ),
+    # ---- import-hf (a tiny GPT-2 folder written with NumPy: tests/hf_models.py)
+    "import-hf no config": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="has no config.json",
+        setup=file_at("hf/model.safetensors"),
+    ),
+    "import-hf model type": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="model_type 'bert' is not supported",
+        setup=hf_folder(config={**hf_models.GPT2_CONFIG, "model_type": "bert"}),
+    ),
+    "import-hf option": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="config.json: scale_attn_by_inverse_layer_idx true is not supported",
+        setup=hf_folder(config={**hf_models.GPT2_CONFIG, "scale_attn_by_inverse_layer_idx": True}),
+    ),
+    "import-hf no weights": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="has neither model.safetensors nor model.safetensors.index.json",
+        setup=hf_folder(remove="model.safetensors"),
+    ),
+    "import-hf truncated": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="model.safetensors: is truncated",
+        setup=hf_folder(cut=100),
+    ),
+    "import-hf shapes": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="tensor 'transformer.wpe.weight' has shape [16, 16], config.json implies [32, 16]",
+        setup=hf_folder(edit={"n_positions": 32}),
+    ),
+    "import-hf tokenizer too big": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="model.transformer.vocab_size: the model has 131 ids",
+        setup=hf_folder(tokenizer=200),
+    ),
+    "import-hf no tokenizer": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        expect="has no tokenizer.json",
+        setup=hf_folder(remove="tokenizer.json"),
+    ),
+    "import-hf out not empty": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/hf",
+        expect="--out",
+        setup=hf_folder(),
+    ),
+    "import-hf context": c(
+        "import-hf",
+        "{tmp}/hf",
+        "--out",
+        "{tmp}/run",
+        "--context",
+        "17",
+        expect="--context 17: expected 1 to the model's 16 positions",
+        setup=hf_folder(),
+    ),
+    # ---- model.from_hf (the same folder)
+    "from_hf contradicts heads": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.transformer.heads': 4 contradicts model.from_hf 'hf', whose "
+        "config.json makes it 2",
+        setup=from_hf_recipe("context: 8, heads: 4"),
+    ),
+    "from_hf contradicts the tokenizer": c(
+        "train",
+        "{r}",
+        expect="recipe key 'data.tokenizer': 'gpt2' contradicts model.from_hf",
+        setup=from_hf_recipe("context: 8", ", tokenizer: gpt2"),
+    ),
+    "from_hf context past the positions": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.transformer.context':",
+        setup=from_hf_recipe("context: 17"),
+    ),
+    "from_hf no folder": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_hf'",
+        setup=lambda tmp: (tmp / "r.yaml").write_text(
+            "task: language_model\nmodel: {from_hf: nowhere}\ndata: {source: text}\n"
+        ),
     ),
     "export out in /proc": c("export", "{run}", "--out", "/proc/dtcli-sm", expect="--out"),
     "export out the run": c("export", "{run}", "--out", "{run}", expect="--out"),

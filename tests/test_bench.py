@@ -156,3 +156,11 @@ def test_a_python_without_torch_and_an_endless_timeout_are_refused_before_any_ru
             [sys.executable, nanogpt.__file__, *argv], capture_output=True, text=True
         )
         assert proc.returncode == 2 and said in proc.stderr.splitlines()[-1], proc.stderr
+
+
+def test_import_hf_verdict_is_the_extra_memory_over_the_checkpoint():
+    bench = _bench_script("import_hf")
+    # 1 GiB checkpoint; the import peaks 1.25 GiB above the built model: within 1.3x.
+    row = bench.verdict(import_kib=3 * 2**20 + 2**18, built_kib=2 * 2**20, checkpoint_bytes=2**30)
+    assert row == {"extra_bytes": 2**30 + 2**28, "ratio": 1.25, "within": True}
+    assert not bench.verdict(4 * 2**20, 2 * 2**20, 2**30)["within"]

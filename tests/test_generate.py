@@ -202,11 +202,11 @@ def test_the_loop_stops_each_row_at_its_end_of_document_then_all():
     def pick_row(i, logits):
         return scripted[i].pop(0)
 
-    out = list(loop.run([np.array([7])] * 3, forward, 4, 4, 4, pick_row, eot=9))
+    out = list(loop.run([np.array([7])] * 3, forward, 4, 4, 4, pick_row, stop_ids={9}))
     assert out == [[(0, 1), (1, 2), (2, 9)], [(0, 9), (1, 3)], [(1, 4)], [(1, 5)]]
     assert seen[0] == [True, True, True, False] and seen[2] == [False, True, False, False]
     everyone = {0: [9], 1: [9]}
-    done = list(loop.run([np.array([7])] * 2, forward, 4, 5, 2, lambda i, x: everyone[i][0], 9))
+    done = list(loop.run([np.array([7])] * 2, forward, 4, 5, 2, lambda i, x: everyone[i][0], {9}))
     assert done == [[(0, 9), (1, 9)]]  # all stopped: no more steps
 
 

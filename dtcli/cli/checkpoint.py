@@ -1,5 +1,5 @@
 """The commands that read a checkpoint: `dtcli eval`, `dtcli generate`, `dtcli score` and
-`dtcli export`."""
+`dtcli export`; and `dtcli import-hf`, which writes one."""
 
 from __future__ import annotations
 
@@ -98,12 +98,27 @@ def generate(
 
 def export(
     checkpoint: str = typer.Argument(..., help="A run directory or one checkpoint folder."),
-    out: str = typer.Option(..., "--out", help="A folder for the SavedModel (new or empty)."),
+    out: str = typer.Option(..., "--out", help="A folder for the export (new or empty)."),
+    format: str = typer.Option(
+        "savedmodel",
+        "--format",
+        help="savedmodel (plain tensors on one device) or hf (a Hugging Face model folder: "
+        "config.json, model.safetensors, the tokenizer).",
+    ),
+    dtype: str | None = typer.Option(
+        None,
+        "--dtype",
+        help="hf: float32, bfloat16 or float16 (default: the imported model's, else float32).",
+    ),
+    max_shard_size: str | None = typer.Option(
+        None, "--max-shard-size", help="hf: shard the weights above this size (default 5GB)."
+    ),
 ) -> None:
-    """Export a checkpoint as a SavedModel serving plain tensors on one device."""
+    """Export a checkpoint as a SavedModel serving plain tensors on one device, or as a Hugging
+    Face model folder (--format hf)."""
     from dtcli import export as export_lib
 
-    print(export_lib.export_path(checkpoint, out))
+    print(export_lib.export_path(checkpoint, out, format, dtype, max_shard_size))
 
 
 def score(
@@ -141,3 +156,27 @@ def score(
         print(score_lib.as_json(result))
         return
     score_lib.render(result, console())
+
+
+def import_hf(
+    hf_dir: str = typer.Argument(
+        ..., help="A Hugging Face model folder: config.json, model.safetensors, tokenizer.json."
+    ),
+    out: str = typer.Option(..., "--out", help="The run directory to write (new or empty)."),
+    context: int | None = typer.Option(
+        None, "--context", help="The window to train and generate (default: the model's)."
+    ),
+    mesh: str | None = MeshOption,
+    devices: str | None = DevicesOption,
+    sets: list[str] | None = SetOption,
+    no_progress: bool = NoStatusOption,
+) -> None:
+    """Import a Hugging Face GPT-2 or Llama model folder as a run directory (its weights as the
+    step-0 checkpoint) that eval, generate, score, export and plan read, on any mesh."""
+    from dtcli import import_hf as import_lib
+
+    print(
+        import_lib.import_hf(
+            hf_dir, out, context, overrides(sets, mesh, devices), progress=not no_progress
+        )
+    )

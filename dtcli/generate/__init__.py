@@ -18,8 +18,11 @@ its few hundred small ops, ~4.5 ms a token for tiny_gpt whatever the context; XL
 Several prompts run together, one row each, the rows split along the data axis (padded to a
 multiple of its size; at most MAX_ROWS rows at a time); each row has its own window and
 position, so a prompt's greedy text is the one it gets alone. A prompt stops at the tokenizer's
-end-of-document token, where it has one; the others go on. Only the tokenizer's ids are ever
-picked (the model's vocabulary is rounded up past them). Sampling draws from a host RNG per
+end-of-document token, where it has one (an imported model: at the end-of-sequence ids of its
+generation_config.json, several for Llama 3, as transformers' generate stops); the others go on.
+Only the tokenizer's ids are ever picked (the model's vocabulary is rounded up past them); an
+imported model's, all of its config's vocab_size (a tokenizer may have fewer; those ids print
+nothing). Sampling draws from a host RNG per
 prompt seeded with (--seed, the prompt's index): a seed gives the same text every time.
 """
 
@@ -153,6 +156,7 @@ class Generator:
             from dtcli.session.restore import restored_session
 
             key = devices_lib.key_for(devices)
+            self.end_of_sequence = _end_of_sequence(rundir.tokenizer_file(found).parent)
             return recipe, restored_session(found, held, recipe, "generate", use_devices, key)
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
@@ -163,6 +167,8 @@ class Generator:
         self.context = int(self.session.data.input_shape[0])
         # text and tokens, the language-model sources, give one
         self.tokenizer = self.session.data.tokenizer
+        # The ids a token is picked from: the tokenizer's, or an imported model's vocabulary.
+        self.vocab = recipe.model.real_vocab or self.tokenizer.vocab_size
         self.can_cache = recipe.model.transformer is not None
         self._forwards: dict[tuple[bool, int], Any] = {}
         self.stats: Stats | None = None  # the last run's
@@ -174,7 +180,7 @@ class Generator:
 
     def steps(self, prompts: list[bytes], settings: Settings) -> Iterator[list[tuple[int, int]]]:
         """Each step's new tokens, (prompt index, token) for every prompt still generating."""
-        vocab = self.tokenizer.vocab_size
+        vocab = self.vocab
         if settings.top_k is not None and settings.top_k > vocab:
             raise UsageError(f"--top-k {settings.top_k}: expected at most the vocabulary, {vocab}")
         ids = [self._encode(p) for p in prompts]
@@ -189,9 +195,14 @@ class Generator:
                 if cached:
                     forward.reset()
                 batch = ids[first : first + rows]
-                eot = self.tokenizer.eot
                 for picked in loop.run(
-                    batch, forward, self.context, settings.tokens, rows, picker.at(first), eot
+                    batch,
+                    forward,
+                    self.context,
+                    settings.tokens,
+                    rows,
+                    picker.at(first),
+                    self.stop_ids(),
                 ):
                     pressed.raise_if_pressed()
                     stats.add(len(picked), time.perf_counter() - start)
@@ -200,14 +211,14 @@ class Generator:
     def pieces(self, prompt: bytes, settings: Settings) -> Iterator[str]:
         """One prompt's new text as it is sampled: a piece per token (bytes that end no UTF-8
         character yet, or an end-of-document token, give ""); "".join() gives the whole."""
-        text = _Text(self.tokenizer.pieces())
+        text = _Text(self._pieces())
         for picked in self.steps([prompt], settings):
             yield text.add(picked[0][1])
         yield text.end()
 
     def texts(self, prompts: list[bytes], settings: Settings) -> Iterator[tuple[int, str]]:
         """Each prompt's whole new text, in order, as each batch of rows ends."""
-        texts = [_Text(self.tokenizer.pieces()) for _ in prompts]
+        texts = [_Text(self._pieces()) for _ in prompts]
         rows = self.rows_for(len(prompts))
         done = 0
         for picked in self.steps(prompts, settings):
@@ -219,6 +230,19 @@ class Generator:
             done = max(done, batch_start)
         for i in range(done, len(prompts)):
             yield i, texts[i].whole()
+
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end a prompt's text: an imported model's end-of-sequence ids, else the
+        tokenizer's end-of-document id (where it has one)."""
+        if self.end_of_sequence is not None:
+            return self.end_of_sequence
+        eot = self.tokenizer.eot
+        return frozenset(() if eot is None else (eot,))
+
+    def _pieces(self) -> list[bytes]:
+        """Each id's bytes; the ids past the tokenizer (an imported vocabulary's) have none."""
+        pieces = self.tokenizer.pieces()
+        return pieces + [b""] * (self.vocab - len(pieces))
 
     def _encode(self, prompt: bytes) -> np.ndarray:
         ids = self.tokenizer.encode(prompt)
@@ -347,3 +371,11 @@ def _first_compiled(items: Iterator[Any], err: TextIO, on: bool = True) -> Itera
 
 
 _NONE = object()
+
+
+def _end_of_sequence(run: Path) -> frozenset[int] | None:
+    """An imported run's end-of-sequence ids (None: the tokenizer's end-of-document token)."""
+    from dtcli.hf import tokenizer_files
+
+    ids = tokenizer_files.end_of_sequence_ids(run)
+    return None if ids is None else frozenset(ids)

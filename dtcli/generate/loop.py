@@ -19,7 +19,7 @@ than the context; up to there the text is the same as nanoGPT's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,12 +66,13 @@ def run(
     tokens: int,
     rows: int,
     pick_row: Callable[[int, np.ndarray], int],
-    eot: int | None = None,
+    stop_ids: Collection[int] = (),
 ) -> Iterator[list[tuple[int, int]]]:
     """Up to `tokens` new tokens after each prompt, a step at a time: each step yields the
     (prompt index, token) of every prompt still generating. The prompts fill the first rows of
     `rows` (the rest are padding, never active); `pick_row(index, logits)` picks a token. A
-    prompt stops after its end-of-document token `eot` (it is yielded); the others go on."""
+    prompt stops after any of `stop_ids` (its end-of-document or end-of-sequence ids; the token
+    is yielded); the others go on."""
     texts = [[int(t) for t in p] for p in prompts] + [[0]] * (rows - len(prompts))
     active = np.arange(rows) < len(prompts)
     starts = np.full(rows, -1)  # the window start each row's last step used (-1: none yet)
@@ -83,7 +84,7 @@ def run(
             token = pick_row(int(i), logits[i])
             texts[i].append(token)
             picked.append((int(i), token))
-            if token == eot:
+            if token in stop_ids:
                 active[i] = False
         yield picked
         if not active.any():

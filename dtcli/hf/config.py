@@ -60,9 +60,15 @@ class ConfigError(UsageError):
     """A config.json that dtcli cannot read or map: one line naming the file and the key."""
 
 
-def read(folder: Path | str, arg: str = "HF_DIR", context: int | None = None) -> HfConfig:
+def read(
+    folder: Path | str,
+    arg: str = "HF_DIR",
+    context: int | None = None,
+    context_key: str = "--context",
+) -> HfConfig:
     """HF_DIR/config.json read and mapped (see the module's docstring). `context`: the window
-    dtcli trains and generates (default the config's positions; it may not exceed them)."""
+    dtcli trains and generates (default the config's positions; it may not exceed them), given
+    by `context_key` (messages name it)."""
     folder = storage.as_path(folder)
     path = folder / CONFIG
     if not folder.is_dir():
@@ -79,10 +85,16 @@ def read(folder: Path | str, arg: str = "HF_DIR", context: int | None = None) ->
         raise ConfigError(f"{path}: is not a JSON object ({type(exc).__name__})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: is not a JSON object")
-    return HfConfig(folder, raw.get("model_type"), transformer_keys(raw, str(path), context), raw)
+    keys = transformer_keys(raw, str(path), context, context_key)
+    return HfConfig(folder, raw.get("model_type"), keys, raw)
 
 
-def transformer_keys(raw: dict[str, Any], where: str = CONFIG, context: int | None = None) -> dict:
+def transformer_keys(
+    raw: dict[str, Any],
+    where: str = CONFIG,
+    context: int | None = None,
+    context_key: str = "--context",
+) -> dict:
     """The model.transformer keys of a config.json's model (`where`: the file, in messages)."""
     kind = raw.get("model_type")
     if kind == "qwen2":
@@ -97,12 +109,12 @@ def transformer_keys(raw: dict[str, Any], where: str = CONFIG, context: int | No
         )
     keys = _gpt2(raw, where) if kind == "gpt2" else _llama(raw, where)
     positions = keys["max_positions"]
-    if context is not None and not 0 < context <= positions:
+    if isinstance(context, int) and not 0 < context <= positions:
         raise UsageError(
-            f"--context {context}: expected 1 to the model's {positions} positions "
+            f"{context_key} {context}: expected 1 to the model's {positions} positions "
             f"({where}: {'n_positions' if kind == 'gpt2' else 'max_position_embeddings'})"
         )
-    keys["context"] = context or positions
+    keys["context"] = context if isinstance(context, int) else positions
     if kind == "mistral":
         window = raw.get("sliding_window")
         if window is not None and _int(raw, "sliding_window", where) < keys["context"]:
@@ -118,7 +130,10 @@ def _gpt2(raw: dict[str, Any], where: str) -> dict[str, Any]:
     get = {**GPT2_DEFAULTS, **raw}.get
     for key, value in GPT2_FIXED.items():
         if raw.get(key, value) != value:
-            raise ConfigError(f"{where}: {key} {raw[key]!r} is not supported (expected {value})")
+            raise ConfigError(
+                f"{where}: {key} {json.dumps(raw[key])} is not supported (expected "
+                f"{json.dumps(value)})"
+            )
     act = get("activation_function")
     if act not in GPT2_ACTIVATIONS:
         raise ConfigError(

@@ -90,15 +90,18 @@ class ModelFiles:
     def read(self, name: str) -> np.ndarray:
         """One tensor; floating dtypes as float32 (exactly: every BF16 and F16 value is one)."""
         entry = self.entries[name]
+        # Read straight into the array returned (float32 as stored): one host copy of the
+        # tensor, not the file's bytes and an array made from them.
+        data = np.empty(entry.end - entry.begin, np.uint8)
         with entry.file.open("rb") as f:
             f.seek(entry.begin)
-            data = f.read(entry.end - entry.begin)
-        if len(data) != entry.end - entry.begin:
+            got = f.readinto(memoryview(data))
+        if got != len(data):
             raise UsageError(f"{entry.file}: is truncated (tensor {name!r} is cut short)")
-        array = np.frombuffer(data, dtype=DTYPES[entry.dtype]).reshape(entry.shape)
+        array = data.view(DTYPES[entry.dtype]).reshape(entry.shape)
         if entry.dtype == "BF16":
             return bf16_to_float32(array)
-        return array.astype(np.float32) if entry.dtype in FLOATS else array.copy()
+        return array.astype(np.float32, copy=False) if entry.dtype in FLOATS else array
 
 
 def _index_files(index: Path) -> list[Path]:

@@ -39,6 +39,7 @@ __all__ = [
     "describe_keras",
     "host_value",
     "host_weights",
+    "place",
     "transformer",
     "weight_plans",
 ]
@@ -91,10 +92,11 @@ def build(
     num_classes: int,
     mesh: Any,
     plans: list[WeightPlan],
-    initial: dict[str, np.ndarray],
+    initial: dict[str, np.ndarray] | None,
 ) -> Built:
     """The recipe's model on `mesh`, its weights laid out as `plans` (from `weight_plans`) and
-    starting from `initial` (Keras) or the seed (Core)."""
+    starting from `initial` (Keras; None: left for the caller to assign, `place`) or the seed
+    (Core)."""
     return _kind(recipe.model).build(
         recipe.model,
         input_shape,
@@ -118,6 +120,12 @@ def compute_of(recipe: Recipe, plans: list[WeightPlan]) -> Compute:
 def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
     """The model with plain variables on one device (no mesh): for export."""
     return _kind(cfg).plain(cfg, input_shape, num_classes)
+
+
+def place(value: np.ndarray, variable: Any, mesh: Any) -> Any:
+    """A host value for `variable`, packed shard by shard onto its layout (each device gets
+    only its own shard; `mesh` None: the value as is)."""
+    return value if mesh is None else keras.on_layout(value, variable.layout, mesh)
 
 
 def host_weights(built: Built, mesh: Any) -> dict[str, np.ndarray]:

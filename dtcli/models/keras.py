@@ -158,12 +158,13 @@ def build(
     num_classes: int,
     mesh: Any,
     plans: list[WeightPlan],
-    initial: dict[str, np.ndarray],
+    initial: dict[str, np.ndarray] | None,
     seed: int,
     compute: Any = None,
 ) -> Built:
     """The model on `mesh` with the planned layouts, or with plain variables on the one device
-    (mesh None: an XLA run), starting from `initial` either way."""
+    (mesh None: an XLA run), starting from `initial` either way (None: the caller assigns every
+    weight itself, as an import of published weights does, tensor by tensor)."""
     import tensorflow as tf
     import tf_keras
 
@@ -172,8 +173,8 @@ def build(
     variables = keras_variables(model)
     if [p for p, _, _ in variables] != [p.weight.path for p in plans]:
         raise RuntimeError("the model built on the mesh has other weights than the host model")
-    for path, var, _ in variables:
-        var.assign(initial[path] if mesh is None else _on_layout(initial[path], var.layout, mesh))
+    for path, var, _ in variables if initial is not None else ():
+        var.assign(initial[path] if mesh is None else on_layout(initial[path], var.layout, mesh))
 
     def regularization() -> Any:
         return tf.add_n(model.losses) if model.losses else None
@@ -227,7 +228,7 @@ def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> A
     return model
 
 
-def _on_layout(value: Any, layout: Any, mesh: Any) -> Any:
+def on_layout(value: Any, layout: Any, mesh: Any) -> Any:
     """A host value (the same on every mesh) as a DTensor with `layout`: each local device's
     shard cut on the host and packed (no relayout, which DTensor compiles per shape and layout:
     measured ~0.1 s of the quick start's start-up for its four weights)."""

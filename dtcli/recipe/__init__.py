@@ -24,6 +24,7 @@ import yaml
 
 from dtcli import storage
 from dtcli.mesh import UNSHARDED
+from dtcli.recipe import from_hf
 from dtcli.recipe.batches import COMMANDS, check_batches, check_micro_batch
 from dtcli.recipe.checks import check, check_mesh_on_devices
 from dtcli.recipe.configs import (
@@ -98,7 +99,7 @@ def load(
         overrides = Overrides(tuple(overrides or ()))
     with overrides.naming():  # `--epochs 0`, not `recipe key 'train.epochs'`
         if isinstance(path, dict):
-            return from_mapping(overrides.apply(path), command=command)
+            return from_mapping(from_hf.resolve(overrides.apply(path)), command=command)
         return from_mapping(read_with_overrides(path, overrides), command=command)
 
 
@@ -108,7 +109,7 @@ def read_with_overrides(path: str | Path, overrides: Overrides = NO_OVERRIDES) -
     (`model.build_path`), as one written in the file is. Whatever makes recipes of its own
     from a recipe file (`plan --auto`'s candidates) starts here, so that each loads as `train`
     loads the file."""
-    raw = overrides.apply(read_raw(path))
+    raw = from_hf.resolve(overrides.apply(read_raw(path)))
     model = raw.get("model")
     if isinstance(model, dict) and model.get("build"):
         model.setdefault("build_path", str(storage.as_path(path).resolve().parent))

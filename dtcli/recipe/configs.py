@@ -198,6 +198,9 @@ class ModelConfig:
     args: dict[str, Any] = field(default_factory=dict)
     # keras: dtcli's GPT for task language_model.
     transformer: TransformerConfig | None = None
+    # A Hugging Face model folder (config.json, model.safetensors, tokenizer.json) to start from:
+    # model.transformer and data.tokenizer come from it, and a new run's step-0 weights.
+    from_hf: str | None = None
     # core: hidden layer widths and activation; the output layer has one unit per class.
     hidden: list[int] = field(default_factory=lambda: [128])
     activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"

@@ -189,6 +189,27 @@ def _open(run: Run, path: Path) -> None:
         run.latest = run.folder.latest_checkpoint("--resume", "to resume from", run.warn)
 
 
+def _weights_from_hf(session: Session) -> None:
+    """model.from_hf: the new run's step-0 weights are the folder's (models.hf_weights)."""
+    from dtcli import models
+    from dtcli.models import hf_weights
+
+    folder = session.recipe.model.from_hf
+    hf_weights.load_folder(session.model, folder, lambda v, var: models.place(v, var, session.mesh))
+
+
+def _keep_hf_files(run: Run) -> None:
+    """model.from_hf: the folder's generation and tokenizer settings and config.json kept in
+    RUN_DIR/hf/, as an import keeps them (generate's end-of-sequence ids; an export's)."""
+    from dtcli import storage
+    from dtcli.hf import tokenizer_files
+
+    folder = run.folder.path / tokenizer_files.FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in tokenizer_files.carried(Path(run.recipe.model.from_hf)).items():
+        storage.write_atomic(folder / name, data)
+
+
 def _train(run: Run) -> RunResult:
     """Set up the session, restore a resume's checkpoint, run the loop, plot and sum up."""
     from dtcli import checkpoint as ckpt_lib
@@ -205,6 +226,10 @@ def _train(run: Run) -> RunResult:
         tokenizer_file=run.folder.tokenizer,
     )
     run.recipe = session.recipe
+    if run.resume is None and run.recipe.model.from_hf:
+        _weights_from_hf(session)
+        if run.chief:
+            _keep_hf_files(run)
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
         run.folder.keep_tokenizer(session.data.tokenizer.to_json())

@@ -18,10 +18,33 @@ from dtcli import rundir
 from dtcli.errors import UsageError, one_line
 from dtcli.recipe import Recipe
 
+FORMATS = ("savedmodel", "hf")
 
-def export_path(path: Path, out: Path) -> Path:
+
+def export_path(
+    path: Path,
+    out: Path,
+    format: str = "savedmodel",
+    dtype: str | None = None,
+    max_shard_size: str | None = None,
+) -> Path:
     """`dtcli export`: a checkpoint folder, or a run directory's newest intact checkpoint, with
-    the recipe stored with it."""
+    the recipe stored with it, as a SavedModel or (`format` hf) a Hugging Face model folder
+    (export/hf.py; `dtype` and `max_shard_size` are its options)."""
+    from dtcli.export import hf
+
+    if format not in FORMATS:
+        raise UsageError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
+    if format != "hf" and (dtype or max_shard_size):
+        raise UsageError("--dtype and --max-shard-size: only with --format hf")
+    if format == "hf":
+        shard = hf.parse_size(max_shard_size) if max_shard_size else hf.DEFAULT_SHARD_BYTES
+
+        def write(found: Path, held: Path) -> Path:
+            recipe = rundir.checkpoint_recipe(held, "export")
+            return hf.export_hf(found, held, recipe, out, dtype, shard)
+
+        return rundir.read_checkpoint(path, write)
     return rundir.read_checkpoint(
         path,
         lambda found, held: export(found, rundir.checkpoint_recipe(held, "export"), out, held),

@@ -1,0 +1,146 @@
+"""`dtcli export RUN --format hf --out DIR`: a language model as a Hugging Face model folder.
+
+config.json (model type gpt2 or llama: hf.config.to_config, refused naming the recipe key the
+two cannot express), model.safetensors (shards and an index above --max-shard-size) in the
+source's dtype by default (an import's; float32 for a run dtcli trained from scratch), the
+vocabulary's padded rows sliced off, and the tokenizer files (hf.tokenizer_files).
+`transformers.AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer` load it as it is.
+
+The model is rebuilt with plain variables on one device and the checkpoint restored into it,
+then each Hugging Face tensor is made from its weights and written in turn.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dtcli import checkpoint as ckpt_lib
+from dtcli import rundir
+from dtcli.errors import UsageError, one_line
+from dtcli.hf import config as hf_config
+from dtcli.hf import safetensors_io, tokenizer_files
+from dtcli.recipe import Recipe
+
+DEFAULT_SHARD_BYTES = safetensors_io.DEFAULT_SHARD_BYTES
+# Token ids an import's config.json held, given back to the export's.
+CARRIED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def export_hf(
+    checkpoint: Path,
+    held: Path,
+    recipe: Recipe,
+    out: Path,
+    dtype: str | None = None,
+    max_shard_bytes: int = safetensors_io.DEFAULT_SHARD_BYTES,
+) -> Path:
+    """`checkpoint` (read through `held`) as a Hugging Face folder at `out`."""
+    from dtcli import tfruntime
+    from dtcli.models import hf_weights
+
+    t = recipe.model.transformer
+    if recipe.task != "language_model" or t is None:
+        raise UsageError("--format hf: the run's model is no model.transformer (a language model)")
+    kind = hf_config.model_type_of(t)
+    if dtype is not None and dtype not in safetensors_io.WRITE_DTYPES:
+        raise UsageError(
+            f"--dtype {dtype!r}: expected one of {', '.join(safetensors_io.WRITE_DTYPES)}"
+        )
+    out = _check_out(Path(out))
+    meta = ckpt_lib.read_meta(held)
+    run = rundir.tokenizer_file(checkpoint).parent
+    vocab_size = getattr(t, "vocab_size", None) or int(meta["num_classes"])
+    stored = safetensors_io.WRITE_DTYPES[dtype] if dtype else meta.get("hf_dtype", "F32")
+    source = tokenizer_files.source_config(run)
+    extra = {k: source[k] for k in CARRIED_KEYS if k in source}
+    config = hf_config.to_config(t, vocab_size, {**extra, "dtype": DTYPE_NAMES[stored]})
+    tf = tfruntime.import_tensorflow()
+    with tf.device("/CPU:0"):
+        weights = _restored(tf, recipe, meta, checkpoint, held)
+        order, produce = hf_weights.hf_tensors(
+            kind, t, vocab_size, lambda p: weights[p].numpy(), weights.__contains__
+        )
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            (tmp / hf_config.CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+            safetensors_io.write_model(tmp, order, produce, stored, max_shard_bytes)
+            tokenizer_files.copy_out(run, _tokenizer_text(run), tmp)
+            if out.exists():
+                out.rmdir()
+            tmp.rename(out)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise UsageError(
+                    f"--out {str(out)!r}: cannot write the model ({rundir.os_reason(exc)})"
+                ) from None
+            raise
+    return out
+
+
+def _restored(tf: Any, recipe: Recipe, meta: dict, checkpoint: Path, held: Path) -> dict:
+    """The model with plain variables on the host's first CPU, the checkpoint restored into it:
+    its weights by path."""
+    from dtcli import models
+    from dtcli.models.keras import keras_variables
+
+    model = models.build_plain(recipe.model, tuple(meta["input_shape"]), meta["num_classes"])
+    try:
+        tf.train.Checkpoint(model=model).read(str(held / "ckpt")).expect_partial()
+    except (AssertionError, ValueError, tf.errors.OpError) as exc:
+        raise UsageError(
+            f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"
+        ) from None
+    return {path: var for path, var, _ in keras_variables(model)}
+
+
+def _tokenizer_text(run: Path) -> str:
+    """The run's tokenizer.json as it is (an import's, byte for byte), or dtcli's byte
+    tokenizer's for a run from before tokenizers."""
+    from dtcli.data import tokenizer as tokenizer_lib
+
+    path = run / rundir.TOKENIZER
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    return tokenizer_lib.ByteTokenizer().to_json()
+
+
+def _check_out(out: Path) -> Path:
+    from dtcli import storage
+
+    if storage.is_remote(out):
+        raise UsageError(f"--out {str(out)!r}: export writes a local folder")
+    rundir.check_output_folder(out, "--out")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
+    return out
+
+
+def parse_size(text: str) -> int:
+    """--max-shard-size: bytes, or with a unit as transformers writes them (5GB, 500MB, 2GiB)."""
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+    }
+    number = text.strip().upper().rstrip("BKMGI") or "x"
+    unit = text.strip().upper()[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise UsageError(f"--max-shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB")
+    return int(value * units[unit])
