@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+from dtcli import storage
 from dtcli.errors import UsageError
 
 TOKENIZER = "tokenizer.json"
@@ -63,8 +64,8 @@ def carried(folder: Path) -> dict[str, bytes]:
 
 def source_config(run: Path) -> dict:
     """The config.json an imported run came from ({} for a run dtcli trained from scratch)."""
-    path = Path(run) / FOLDER / SOURCE_CONFIG
-    return json.loads(path.read_text()) if path.is_file() else {}
+    path = storage.as_path(run) / FOLDER / SOURCE_CONFIG  # a run directory: local or gs://
+    return json.loads(path.read_bytes()) if path.is_file() else {}
 
 
 def end_of_sequence_ids(run: Path) -> list[int] | None:
@@ -72,8 +73,8 @@ def end_of_sequence_ids(run: Path) -> list[int] | None:
     them: generation_config.json's eos_token_id, else the source config.json's (an id or a
     list: Llama 3 has several); None for a run that has neither (dtcli's own)."""
     for name in (CARRIED[1], SOURCE_CONFIG):
-        path = Path(run) / FOLDER / name
-        ids = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        path = storage.as_path(run) / FOLDER / name
+        ids = json.loads(path.read_bytes()).get("eos_token_id") if path.is_file() else None
         if ids is not None:
             return [int(i) for i in (ids if isinstance(ids, list) else [ids])]
     return None
@@ -85,8 +86,9 @@ def copy_out(run: Path, tokenizer_text: str, out: Path) -> None:
     needs it to load a bare tokenizer.json)."""
     (out / TOKENIZER).write_text(tokenizer_text)
     for name in CARRIED:
-        if (Path(run) / FOLDER / name).is_file():
-            shutil.copyfile(Path(run) / FOLDER / name, out / name)
+        kept = storage.as_path(run) / FOLDER / name
+        if kept.is_file():
+            (out / name).write_bytes(kept.read_bytes())
     if not (out / CARRIED[0]).exists():
         config = {"tokenizer_class": "PreTrainedTokenizerFast"}
         (out / CARRIED[0]).write_text(json.dumps(config, indent=2) + "\n")
