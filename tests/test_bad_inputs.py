@@ -525,6 +525,10 @@ CASES: dict[str, Case] = {
         "model.transformer.rope_scaling={factor: 8.0}",
         expect="recipe key 'model.transformer.rope_scaling': scales rope",
     ),
+    "transformer rope_theta without rope": lm(
+        "model.transformer.rope_theta=500000",
+        expect="recipe key 'model.transformer.rope_theta': sets rope's base, and model.transformer.positions is learned; set model.transformer.positions: rope or remove it",
+    ),
     "transformer tokenizer past vocab_size": lm(
         "model.transformer.vocab_size=100",
         expect="recipe key 'model.transformer.vocab_size': the tokenizer (byte tokens) makes 256 ids, more than the model's 100",

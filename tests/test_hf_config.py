@@ -101,6 +101,7 @@ def test_llama_keys_both_rope_spellings(tmp_path):
     "config, named",
     [
         ({**GPT2, "model_type": "bert"}, "model_type 'bert' is not supported"),
+        ({k: v for k, v in GPT2.items() if k != "model_type"}, "has no model_type (expected"),
         ({**GPT2, "model_type": "qwen2"}, "model_type 'qwen2' has biases on q/k/v only"),
         ({**GPT2, "scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
         ({**GPT2, "reorder_and_upcast_attn": True}, "reorder_and_upcast_attn"),
@@ -169,8 +170,27 @@ def test_export_config_round_trips_the_keys():
         ({"kv_heads": 2}, "model.transformer.kv_heads: 2"),
         ({"positions": "rope"}, "model.transformer.norm: layernorm"),
         ({"positions": "rope", "norm": "rmsnorm", "activation": "swiglu"}, "bias: true"),
+        # rmsnorm with learned positions: the norm is what makes it no GPT-2, and is named
+        ({"norm": "rmsnorm"}, "positions: learned has no Hugging Face equivalent beside norm "),
     ],
 )
 def test_export_refuses_what_hf_cannot_express(keys, named):
     with pytest.raises(UsageError, match=named):
         hf_config.to_config(_transformer(**keys), 131)
+
+
+def test_an_export_of_a_run_dtcli_trained_names_its_own_end_of_document_id():
+    """transformers' GPT2Config defaults bos/eos to 50256: past a small vocabulary (it warns on
+    load). An export writes the tokenizer's end-of-document id, or none; an import's own ids
+    travel as they are."""
+    from dtcli.data.tokenizer import ByteTokenizer
+    from dtcli.export import hf as export_hf
+
+    bpe = json.dumps({"added_tokens": [{"id": 300, "content": "<|endoftext|>"}]})
+    assert export_hf._token_ids({}, bpe) == {"bos_token_id": 300, "eos_token_id": 300}
+    assert export_hf._token_ids({}, ByteTokenizer().to_json()) == {
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+    own = {"eos_token_id": [1, 2], "bos_token_id": 0, "vocab_size": 9}
+    assert export_hf._token_ids(own, bpe) == {"eos_token_id": [1, 2], "bos_token_id": 0}

@@ -56,7 +56,7 @@ def export_hf(
     vocab_size = getattr(t, "vocab_size", None) or int(meta["num_classes"])
     stored = safetensors_io.WRITE_DTYPES[dtype] if dtype else meta.get("hf_dtype", "F32")
     source = tokenizer_files.source_config(run)
-    extra = {k: source[k] for k in CARRIED_KEYS if k in source}
+    extra = _token_ids(source, _tokenizer_text(run))
     config = hf_config.to_config(t, vocab_size, {**extra, "dtype": DTYPE_NAMES[stored]})
     tf = tfruntime.import_tensorflow()
     with tf.device("/CPU:0"):
@@ -99,6 +99,20 @@ def _restored(tf: Any, recipe: Recipe, meta: dict, checkpoint: Path, held: Path)
             f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"
         ) from None
     return {path: var for path, var, _ in keras_variables(model)}
+
+
+def _token_ids(source: dict, tokenizer_text: str) -> dict:
+    """config.json's special token ids: an import's own; for a run dtcli trained, its
+    tokenizer's end-of-document token or none (left out, transformers' GPT-2 would take 50256,
+    past a small vocabulary)."""
+    if any(k in source for k in CARRIED_KEYS):
+        return {k: source[k] for k in CARRIED_KEYS if k in source}
+    from dtcli.data import tokenizer as tokenizer_lib
+
+    added = json.loads(tokenizer_text).get("added_tokens") or []
+    ends = [a["id"] for a in added if a.get("content") in tokenizer_lib.EOT_NAMES]
+    eot = ends[0] if ends else None
+    return {"bos_token_id": eot, "eos_token_id": eot}
 
 
 def _tokenizer_text(run: Path) -> str:

@@ -102,6 +102,8 @@ def transformer_keys(
             f"{where}: model_type 'qwen2' has biases on q/k/v only, which dtcli's "
             "model.transformer.bias (every layer or none) cannot express"
         )
+    if kind is None:
+        raise ConfigError(f"{where}: has no model_type (expected one of {', '.join(MODEL_TYPES)})")
     if kind not in MODEL_TYPES:
         raise ConfigError(
             f"{where}: model_type {kind!r} is not supported (expected one of "
@@ -272,22 +274,28 @@ def _bool(raw: dict[str, Any], key: str, default: bool, where: str) -> bool:
 GPT2_OPTIONS = {"positions": "learned", "norm": "layernorm"}
 LLAMA_OPTIONS = {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False}
 ACTIVATION_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+_MODEL_TYPES_TEXT = (
+    "gpt2 is positions learned, norm layernorm; llama is positions rope, norm rmsnorm, "
+    "activation swiglu, bias false"
+)
 
 
 def model_type_of(transformer: Any) -> str:
     """gpt2 or llama: the Hugging Face model type that computes what this model.transformer
     does; UsageError naming the recipe key that neither can express."""
     get = lambda key, default=None: getattr(transformer, key, default)  # noqa: E731
-    if get("positions", "learned") == "rope" or get("norm", "layernorm") == "rmsnorm":
-        kind, fixed = "llama", LLAMA_OPTIONS
+    if get("positions", "learned") == "rope":
+        kind, fixed, why = "llama", LLAMA_OPTIONS, "positions rope"
+    elif get("norm", "layernorm") == "rmsnorm":
+        kind, fixed, why = "llama", LLAMA_OPTIONS, "norm rmsnorm"
     else:
-        kind, fixed = "gpt2", GPT2_OPTIONS
+        kind, fixed, why = "gpt2", GPT2_OPTIONS, "positions learned and norm layernorm"
     for key, value in fixed.items():
         if get(key) != value:
             raise UsageError(
                 f"model.transformer.{key}: {_yaml(get(key))} has no Hugging Face equivalent "
-                f"with model.transformer.positions {get('positions')} (a {kind} model needs "
-                f"{key} {_yaml(value)})"
+                f"beside {why} (Hugging Face's {kind}, the model type with {why}, has {key} "
+                f"{_yaml(value)}; {_MODEL_TYPES_TEXT})"
             )
     if kind == "gpt2":
         if get("activation", "gelu") not in ACTIVATION_NAMES:

@@ -58,6 +58,11 @@ def _check_architecture(t: TransformerConfig) -> None:
             f"{key}.positions': rope rotates pairs of a head's dims, and d_model / heads = "
             f"{t.head_dim} is odd"
         )
+    if t.positions != "rope" and t.rope_theta != TransformerConfig.rope_theta:  # its default
+        raise UsageError(
+            f"{key}.rope_theta': sets rope's base, and model.transformer.positions is "
+            f"{t.positions}; set model.transformer.positions: rope or remove it"
+        )
     if t.rope_scaling is not None:
         _check_rope_scaling(t)
 
