@@ -246,4 +246,6 @@ def _meta(
         "num_classes": vocab,
         # The dtype the weights were published in: an export writes them in it again.
         "hf_dtype": dtype,
+        # The model alone (checkpoint.weights_only): a resume starts a new optimizer.
+        "weights_only": True,
     }
