@@ -153,6 +153,13 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
     return meta
 
 
+def weights_only(meta: dict[str, Any]) -> bool:
+    """A checkpoint of the model alone, nothing trained: an import's step 0 (no optimizer, no
+    data behind it). Imports made before the `weights_only` key are known by `hf_dtype`, which
+    only an import writes."""
+    return bool(meta.get("weights_only", "hf_dtype" in meta))
+
+
 def verify(checkpoint: Path) -> dict[str, Any]:
     """Check every file against the sizes and checksums in meta.json; returns the meta."""
     checkpoint = storage.as_path(checkpoint)

@@ -15,8 +15,13 @@ is written into a hidden folder beside --out and renamed into place once complet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +31,7 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir
-from dtcli.errors import UsageError
+from dtcli.errors import Preempted, UsageError
 from dtcli.hf import config as hf_config
 from dtcli.hf import tokenizer_files
 from dtcli.hf.safetensors_io import ModelFiles
@@ -49,21 +54,84 @@ def import_hf(
     tokenizer_files.check(hf.folder, hf.vocab_size)
     out = _check_out(Path(out))
     recipe = recipe_lib.load(_raw_recipe(hf, out), overrides, command="export")
-    tmp = out.parent / f".{out.name}.import-{os.getpid()}"
     what = f"import-hf: reading {len(by_name)} tensors onto the mesh, writing the checkpoint"
-    try:
+    with _hidden_folder(out) as tmp:
         with progress_lib.Heartbeat(progress_lib.stderr_console(), what, on=progress):
-            tmp.mkdir(parents=True)
             tokenizer_files.copy_in(hf.folder, tmp)
             _write_checkpoint(tmp, recipe, hf, files, by_name, overrides)
             (tmp / rundir.RECIPE).write_text(recipe_lib.dump(recipe))
         if out.exists():
             out.rmdir()  # an empty folder given as --out (checked)
         tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
+
+
+# The hidden folder an import writes beside --out until it is complete: .OUT.import-PID.
+_HIDDEN = ".{name}.import-{pid}"
+
+
+@contextlib.contextmanager
+def _hidden_folder(out: Path) -> Iterator[Path]:
+    """The folder the run is written into, removed on any failure, Ctrl-C or SIGTERM. SIGTERM
+    (a scheduler's stop) is raised as errors.Preempted (one line, exit 143): Python's default
+    handler would end the process without a clean-up, leaving the folder behind. A folder an
+    earlier import to the same --out left when it was killed (its process is gone) is removed
+    first, and stderr says so."""
+    _remove_stale(out)
+    tmp = out.parent / _HIDDEN.format(name=out.name, pid=os.getpid())
+    main = threading.current_thread() is threading.main_thread()
+    stopped = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopped
+        stopped = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the clean-up goes on
+        raise Preempted(_PREEMPTED.format(out=str(out)))
+
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+    except BaseException as exc:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if stopped and not isinstance(exc, Preempted):
+            # Raised inside a TensorFlow callback it came back as another error: still the stop.
+            raise Preempted(_PREEMPTED.format(out=str(out))) from None
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+_PREEMPTED = "preempted (SIGTERM); import-hf stopped and wrote nothing to --out {out!r}"
+
+
+def _remove_stale(out: Path) -> None:
+    """Remove the hidden folders of imports to `out` whose process is gone (killed: SIGKILL,
+    a lost machine), saying so; one of a live process is another import's, left alone."""
+    pattern = _HIDDEN.format(name=out.name, pid="*")
+    for found in sorted(out.parent.glob(pattern)) if out.parent.is_dir() else []:
+        pid = found.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(found, ignore_errors=True)
+        print(
+            f"note: removed {found}, left by an import-hf to the same --out that did not finish "
+            f"(process {pid} is gone)",
+            file=sys.stderr,
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _check_out(out: Path) -> Path:
@@ -178,4 +246,6 @@ def _meta(
         "num_classes": vocab,
         # The dtype the weights were published in: an export writes them in it again.
         "hf_dtype": dtype,
+        # The model alone (checkpoint.weights_only): a resume starts a new optimizer.
+        "weights_only": True,
     }

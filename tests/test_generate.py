@@ -250,6 +250,26 @@ def test_write_prints_blocks_for_several_prompts_and_tokens_per_second(one):
     assert out.getvalue() == expected[0] + "\n" and "without a cache" in err.getvalue()
 
 
+def test_a_prompt_longer_than_the_context_is_noted_with_what_the_model_sees(one):
+    """A prompt longer than the context used to be cut to its last window silently: stderr
+    says how long it is and how many of its last tokens the first window holds (the windowing
+    policy's window_start); a prompt that fits says nothing."""
+    n = len(one.tokenizer.encode(PROMPTS[2]))
+    seen = n - loop.window_start(n, CONTEXT)
+    assert CONTEXT // 2 <= seen < CONTEXT < n
+    tail = (
+        f"{n} tokens, longer than the context {CONTEXT}: generating from its last {seen} "
+        f"(a full window starts again from its last {CONTEXT // 2} tokens)"
+    )
+    for prompts, which in ((PROMPTS, "prompt 3"), (PROMPTS[2:], "the prompt")):
+        out, err = io.StringIO(), io.StringIO()
+        generate.write(one, prompts, greedy(1), out, err)
+        assert err.getvalue().splitlines()[:-1] == [f"note: {which}: {tail}"]
+    out, err = io.StringIO(), io.StringIO()
+    generate.write(one, PROMPTS[:2], greedy(1), out, err)
+    assert err.getvalue().startswith("tokens/s: ")
+
+
 def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypatch):
     calls = []
 

@@ -261,3 +261,54 @@ def test_fine_tuning_from_hf_starts_from_its_weights_and_resumes(imported, cli, 
     result = cli("train", "--resume", run, "--set", "train.steps=5", "--no-progress")
     assert result.code == 0, result.err
     assert [r["step"] for r in metrics.read(run / "steps.jsonl")][-2:] == [4, 5]
+
+
+def test_sigterm_during_import_removes_its_hidden_folder_and_exits_143(tmp_path):
+    """SIGTERM (a scheduler's stop) as Ctrl-C: the hidden folder beside --out is removed, one
+    line, exit 143 (it used to stay, tokenizer.json and hf/ in it). The import stops after
+    copying the tokenizer, as a slow one would, for the signal; a hidden folder that a killed
+    import to the same --out left (its process gone) is removed first, and stderr says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import ROOT, env
+
+    folder = hf_models.numpy_gpt2(tmp_path / "hf")
+    out = tmp_path / "imp" / "bt3"
+    stale = out.parent / ".bt3.import-999999999"  # above any pid_max: no such process
+    (stale / "hf").mkdir(parents=True)
+    code = textwrap.dedent("""
+        import sys, time
+        from dtcli import cli
+        from dtcli.hf import tokenizer_files
+        copy_in = tokenizer_files.copy_in
+        def slow(*args):
+            copy_in(*args)
+            print("copied", flush=True)
+            time.sleep(60)
+        tokenizer_files.copy_in = slow
+        sys.exit(cli.run(sys.argv[1:]))
+    """)
+    args = ["import-hf", str(folder), "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "copied\n"
+        hidden = out.parent / f".bt3.import-{proc.pid}"
+        assert (hidden / "tokenizer.json").is_file()  # half written, as the trial found it
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert err.splitlines() == [
+        f"note: removed {stale}, left by an import-hf to the same --out that did not finish "
+        "(process 999999999 is gone)",
+        f"preempted (SIGTERM); import-hf stopped and wrote nothing to --out {str(out)!r}",
+    ]
+    assert list(out.parent.iterdir()) == []

@@ -623,3 +623,57 @@ def test_a_folder_left_by_a_run_killed_while_starting_is_taken_anew(tmp_path, cl
     (other / "notes.txt").write_text("mine")
     r = cli("train", QUICK, *SHORT, "--epochs", "1", "--out", other)
     assert r.code == 2 and "the folder exists and is not empty" in r.err
+
+
+def test_resume_of_an_imported_run_trains_from_its_weights_with_a_new_optimizer(tmp_path, cli):
+    """An import's step-0 checkpoint holds the model alone: a resume used to fail ("does not
+    fit this model and optimizer"). Without data it is refused in one line, the run as it was;
+    with data.path (and a batch size and optimizer of its own) it trains from the imported
+    weights: at a learning rate of 1e-30 the first step's checkpoint holds them unchanged (a new
+    model's random weights would differ everywhere), and an optimizer."""
+    import hf_models
+
+    folder = hf_models.numpy_gpt2(tmp_path / "hf")
+    run = tmp_path / "run"
+    # The session's 8 virtual CPUs: an in-process command uses them all.
+    assert cli("import-hf", folder, "--out", run, "--devices", "cpu:8", "--no-progress").code == 0
+    before = snapshot(run)
+    result = cli("train", "--resume", run, "--no-progress")
+    assert (result.code, result.err_lines) == (
+        2,
+        [
+            f"error: --resume {str(run)!r}: an imported run has no training data; give it with "
+            "--set data.path=FILE (text, read with the run's tokenizer), or train a recipe with "
+            "model.from_hf"
+        ],
+    )
+    assert snapshot(run) == before
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(hf_models.LINES))
+    sets = [
+        f"data.path={text}",
+        "data.batch_size=8",
+        "optimizer.name=sgd",
+        "optimizer.learning_rate=1e-30",
+        "train.steps=1",
+    ]
+    result = cli(
+        "train", "--resume", run, "--no-progress", *[a for s in sets for a in ("--set", s)]
+    )
+    assert result.code == 0, result.err
+    assert (
+        f"{run}: an imported run, training starts from its step-0 weights with a new optimizer"
+        in result.err_lines
+    )
+    imported, trained = (checkpoint_tensors(run / "checkpoints" / f"ckpt-{s:08d}") for s in (0, 1))
+    assert imported.keys() == trained.keys() and len(imported) == 20
+    for key, value in imported.items():
+        np.testing.assert_allclose(trained[key], value, rtol=1e-6, atol=0, err_msg=key)
+    reader = tf_reader(run / "checkpoints" / "ckpt-00000001")
+    assert any(k.startswith("optimizer/") for k in reader.get_variable_to_shape_map())
+
+
+def tf_reader(checkpoint):
+    import tensorflow as tf
+
+    return tf.train.load_checkpoint(str(checkpoint / "ckpt"))

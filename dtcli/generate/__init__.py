@@ -231,6 +231,22 @@ class Generator:
         for i in range(done, len(prompts)):
             yield i, texts[i].whole()
 
+    def long_prompts(self, prompts: list[bytes]) -> list[str]:
+        """A note for each prompt longer than the context: the model sees only its last tokens
+        (the windowing policy, loop.py), which would otherwise pass silently."""
+        notes = []
+        for i, prompt in enumerate(prompts):
+            n = len(self._encode(prompt))
+            if n > self.context:
+                which = "the prompt" if len(prompts) == 1 else f"prompt {i + 1}"
+                seen = n - window_start(n, self.context)
+                notes.append(
+                    f"note: {which}: {n:,} tokens, longer than the context {self.context}: "
+                    f"generating from its last {seen:,} (a full window starts again from its "
+                    f"last {restart_keep(self.context):,} tokens)"
+                )
+        return notes
+
     def stop_ids(self) -> frozenset[int]:
         """The ids that end a prompt's text: an imported model's end-of-sequence ids, else the
         tokenizer's end-of-document id (where it has one)."""
@@ -334,6 +350,8 @@ def write(
     blocks with a header line each (`==> prompt 2: 'text' <==`, as `head` heads files); then
     the tokens/s line (Stats) on `err`."""
     check_options(settings)
+    for line in generator.long_prompts(prompts):
+        print(line, file=err, flush=True)
     if len(prompts) == 1:
         pieces = generator.pieces(prompts[0], settings)
         for piece in _first_compiled(pieces, err, generator.progress):

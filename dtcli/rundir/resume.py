@@ -109,13 +109,46 @@ def resume_recipe(
     path = read_recipe_text(run_dir, check_lock=chief)
     before = recipe_lib.load(path)
     after = recipe_lib.load(path, overrides)
-    for key, value in FIXED_ON_RESUME.items():
+    fixed = FIXED_ON_RESUME
+    if _imported(path.parent):
+        _check_imported_data(after, run_dir)
+        fixed = {k: FIXED_ON_RESUME[k] for k in FIXED_IN_AN_IMPORT}
+    for key, value in fixed.items():
         if value(before) != value(after):
             raise UsageError(
                 f"--set {key}: a run resumes with the {key} it was trained with; train a new "
                 "run (--out) to change it"
             )
     return after
+
+
+# An imported run's checkpoint holds the model alone (checkpoint.weights_only): nothing trained
+# with a seed, an optimizer or a batch size yet, so only these are its own.
+FIXED_IN_AN_IMPORT = ("model", "data.tokenizer")
+
+
+def _imported(run: Path) -> bool:
+    """Whether the run's newest checkpoint is an import's step 0 (train then starts from its
+    weights with a new optimizer: train.resume.restore)."""
+    found = ckpt_lib.complete(run / CHECKPOINTS)
+    if not found:
+        return False
+    try:
+        return ckpt_lib.weights_only(ckpt_lib.read_meta(found[-1]))
+    except ckpt_lib.DamagedCheckpoint:
+        return False  # said where the checkpoint is read to resume
+
+
+def _check_imported_data(recipe: Recipe, run_dir: str | Path) -> None:
+    """An import's recipe names no training data: its text source would default to the Python
+    standard library's sources, which nobody fine-tunes a published model on."""
+    d = recipe.data
+    if d.source == "text" and d.path is None and d.name == "digits":
+        raise UsageError(
+            f"--resume {str(run_dir)!r}: an imported run has no training data; give it with "
+            "--set data.path=FILE (text, read with the run's tokenizer), or train a recipe "
+            "with model.from_hf"
+        )
 
 
 def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from dtcli import checkpoint as ckpt_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage
 from dtcli.errors import TrainingError
@@ -28,7 +29,9 @@ def restore(
             run.folder.write_text(run.folder.recipe, recipe_lib.dump(run.recipe))
         return [], EpochState(0), None
     meta = run.meta
-    checkpointer.restore(run.latest, session.model.weights)
+    # An import's step 0 holds the model alone: its weights restored, the optimizer new.
+    imported = ckpt_lib.weights_only(meta)
+    checkpointer.restore(run.latest, session.model.weights, partial=imported)
     # The checkpoint holds the optimizer's old learning rate: the recipe's takes effect now.
     session.optimizer.set_hyperparameters(run.recipe.optimizer)
     checkpointer.last_step = meta["step"]
@@ -36,11 +39,17 @@ def restore(
     # resumes with (which may not be the one its checkpoint counted its epoch in).
     start = resume_state(run.recipe.train, meta["step"], meta["epoch_state"])
     history = history_until(run.folder, meta["step"]) if run.chief else []
-    run.console.print(
-        f"resuming {run.latest} (epoch {start.epoch + 1}, batch {start.batch}, "
-        f"step {meta['step']})",
-        highlight=False,
-    )
+    if imported:
+        said = (
+            f"{run.folder.path}: an imported run, training starts from its step-0 weights "
+            "with a new optimizer"
+        )
+    else:
+        said = (
+            f"resuming {run.latest} (epoch {start.epoch + 1}, batch {start.batch}, "
+            f"step {meta['step']})"
+        )
+    run.console.print(said, highlight=False)
     if not run.chief:
         return history, start, None
     return history, start, _once(lambda: _commit_resume(run, checkpointer, start))
