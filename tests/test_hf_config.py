@@ -194,3 +194,14 @@ def test_an_export_of_a_run_dtcli_trained_names_its_own_end_of_document_id():
     }
     own = {"eos_token_id": [1, 2], "bos_token_id": 0, "vocab_size": 9}
     assert export_hf._token_ids(own, bpe) == {"eos_token_id": [1, 2], "bos_token_id": 0}
+
+
+def test_an_export_keeps_the_source_dtype_of_an_import_or_of_a_fine_tuned_run():
+    """An import's checkpoint records its files' dtype; a run fine-tuned with model.from_hf
+    has only the folder's config.json (RUN_DIR/hf/), whose dtype an export keeps too."""
+    from dtcli.export import hf as export_hf
+
+    assert export_hf._source_dtype({"hf_dtype": "BF16"}, {"dtype": "float32"}) == "BF16"
+    assert export_hf._source_dtype({}, {"dtype": "bfloat16"}) == "BF16"
+    assert export_hf._source_dtype({}, {"torch_dtype": "float16"}) == "F16"
+    assert export_hf._source_dtype({}, {}) == "F32"

@@ -54,8 +54,8 @@ def export_hf(
     meta = ckpt_lib.read_meta(held)
     run = rundir.tokenizer_file(checkpoint).parent
     vocab_size = getattr(t, "vocab_size", None) or int(meta["num_classes"])
-    stored = safetensors_io.WRITE_DTYPES[dtype] if dtype else meta.get("hf_dtype", "F32")
     source = tokenizer_files.source_config(run)
+    stored = safetensors_io.WRITE_DTYPES[dtype] if dtype else _source_dtype(meta, source)
     extra = _token_ids(source, _tokenizer_text(run))
     config = hf_config.to_config(t, vocab_size, {**extra, "dtype": DTYPE_NAMES[stored]})
     tf = tfruntime.import_tensorflow()
@@ -99,6 +99,16 @@ def _restored(tf: Any, recipe: Recipe, meta: dict, checkpoint: Path, held: Path)
             f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"
         ) from None
     return {path: var for path, var, _ in keras_variables(model)}
+
+
+def _source_dtype(meta: dict, source: dict) -> str:
+    """The dtype an export keeps by default: the imported files' (an import's checkpoint
+    records it), else the source config.json's (a run fine-tuned with model.from_hf keeps that
+    config), else float32."""
+    if "hf_dtype" in meta:
+        return meta["hf_dtype"]
+    named = source.get("dtype") or source.get("torch_dtype")
+    return safetensors_io.WRITE_DTYPES.get(str(named), "F32")
 
 
 def _token_ids(source: dict, tokenizer_text: str) -> dict:
