@@ -31,7 +31,7 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir
-from dtcli.errors import Preempted, UsageError
+from dtcli.errors import Preempted
 from dtcli.hf import config as hf_config
 from dtcli.hf import tokenizer_files
 from dtcli.hf.safetensors_io import ModelFiles
@@ -52,7 +52,7 @@ def import_hf(
     files = ModelFiles(hf.folder)
     by_name = hf_weights.check_files(hf, files)
     tokenizer_files.check(hf.folder, hf.vocab_size)
-    out = _check_out(Path(out))
+    out = rundir.check_new_local_folder(Path(out), "import-hf")
     recipe = recipe_lib.load(_raw_recipe(hf, out), overrides, command="export")
     what = f"import-hf: reading {len(by_name)} tensors onto the mesh, writing the checkpoint"
     with _hidden_folder(out) as tmp:
@@ -132,17 +132,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
-
-
-def _check_out(out: Path) -> Path:
-    from dtcli import storage
-
-    if storage.is_remote(out):
-        raise UsageError(f"--out {str(out)!r}: import-hf writes a local folder")
-    rundir.check_output_folder(out, "--out")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
-    return out
 
 
 def _raw_recipe(hf: hf_config.HfConfig, out: Path) -> dict[str, Any]:

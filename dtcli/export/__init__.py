@@ -15,7 +15,8 @@ from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir
-from dtcli.errors import UsageError, one_line
+from dtcli.errors import UsageError
+from dtcli.export import plain
 from dtcli.recipe import Recipe
 
 FORMATS = ("savedmodel", "hf")
@@ -54,22 +55,16 @@ def export_path(
 def export(checkpoint: Path, recipe: Recipe, out: Path, held: Path | None = None) -> Path:
     """`checkpoint` as a SavedModel at `out`; its files read through `held` where given (the
     folder checkpoint.held gives: a run in training may remove the checkpoint meanwhile)."""
-    from dtcli import models, tfruntime
+    from dtcli import tfruntime
 
     held = checkpoint if held is None else held
-    out = _check_out(out)
+    out = rundir.check_new_local_folder(out, "export")
     meta = ckpt_lib.read_meta(held)
     input_shape, num_classes = _shapes(checkpoint, meta)
     # Plain variables on the host's first CPU: no mesh, so no device configuration either.
     tf = tfruntime.import_tensorflow()
     with tf.device("/CPU:0"):
-        model = models.build_plain(recipe.model, input_shape, num_classes)
-        try:
-            tf.train.Checkpoint(model=model).read(str(held / "ckpt")).expect_partial()
-        except (AssertionError, ValueError, tf.errors.OpError) as exc:
-            raise UsageError(
-                f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"
-            ) from None
+        model = plain.restored_model(tf, recipe, checkpoint, held, input_shape, num_classes)
 
         language = recipe.task == "language_model"
         # A language model takes token ids; a classifier preprocessed float32 examples.
@@ -88,22 +83,6 @@ def export(checkpoint: Path, recipe: Recipe, out: Path, held: Path | None = None
             raise UsageError(
                 f"--out {str(out)!r}: cannot write the SavedModel ({reason})"
             ) from None
-    return out
-
-
-def _check_out(out: Path) -> Path:
-    """--out as a local folder that is new or empty."""
-    from dtcli import storage
-
-    if storage.is_remote(out):
-        raise UsageError(
-            f"--out {str(out)!r}: export writes a local folder (remote export is not supported "
-            "yet); export here and copy it"
-        )
-    out = Path(out)
-    rundir.check_output_folder(out, "--out")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
     return out
 
 

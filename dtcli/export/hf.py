@@ -19,7 +19,8 @@ from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir
-from dtcli.errors import UsageError, one_line
+from dtcli.errors import UsageError
+from dtcli.export import plain
 from dtcli.hf import config as hf_config
 from dtcli.hf import safetensors_io, tokenizer_files
 from dtcli.recipe import Recipe
@@ -50,7 +51,7 @@ def export_hf(
         raise UsageError(
             f"--dtype {dtype!r}: expected one of {', '.join(safetensors_io.WRITE_DTYPES)}"
         )
-    out = _check_out(Path(out))
+    out = rundir.check_new_local_folder(Path(out), "export")
     meta = ckpt_lib.read_meta(held)
     run = rundir.tokenizer_file(checkpoint).parent
     vocab_size = getattr(t, "vocab_size", None) or int(meta["num_classes"])
@@ -88,16 +89,10 @@ def export_hf(
 def _restored(tf: Any, recipe: Recipe, meta: dict, checkpoint: Path, held: Path) -> dict:
     """The model with plain variables on the host's first CPU, the checkpoint restored into it:
     its weights by path."""
-    from dtcli import models
     from dtcli.models.keras import keras_variables
 
-    model = models.build_plain(recipe.model, tuple(meta["input_shape"]), meta["num_classes"])
-    try:
-        tf.train.Checkpoint(model=model).read(str(held / "ckpt")).expect_partial()
-    except (AssertionError, ValueError, tf.errors.OpError) as exc:
-        raise UsageError(
-            f"checkpoint {checkpoint}: does not fit its recipe's model ({one_line(exc)})"
-        ) from None
+    shape = tuple(meta["input_shape"])
+    model = plain.restored_model(tf, recipe, checkpoint, held, shape, meta["num_classes"])
     return {path: var for path, var, _ in keras_variables(model)}
 
 
@@ -134,17 +129,6 @@ def _tokenizer_text(run: Path) -> str:
     if path.is_file():
         return path.read_text(encoding="utf-8")
     return tokenizer_lib.ByteTokenizer().to_json()
-
-
-def _check_out(out: Path) -> Path:
-    from dtcli import storage
-
-    if storage.is_remote(out):
-        raise UsageError(f"--out {str(out)!r}: export writes a local folder")
-    rundir.check_output_folder(out, "--out")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {str(out)!r}: the folder exists and is not empty")
-    return out
 
 
 def parse_size(text: str) -> int:

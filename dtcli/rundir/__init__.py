@@ -370,6 +370,17 @@ def check_output_folder(path: Path, arg: str = "--out", refuse_held: bool = True
         _check_output_folder(path, arg, refuse_held)
 
 
+def check_new_local_folder(out: Path, command: str, arg: str = "--out") -> Path:
+    """A folder a command writes whole (export, import-hf): local, and new or empty."""
+    if storage.is_remote(out):
+        raise UsageError(f"{arg} {str(out)!r}: {command} writes a local folder; copy it after")
+    out = storage.as_path(out)  # local: refused above otherwise
+    check_output_folder(out, arg)
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"{arg} {str(out)!r}: the folder exists and is not empty")
+    return out
+
+
 def _check_output_folder(path: Path, arg: str, refuse_held: bool) -> None:
     if path.exists() and not path.is_dir():
         raise UsageError(f"{arg} {str(path)!r}: is a file, expected a folder")
