@@ -3,8 +3,13 @@ turns any exception into that line (`one_line`, `printed`)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 class UsageError(Exception):
@@ -38,6 +43,38 @@ class Preempted(BaseException):
     it into a TypeError; a layer check reported it as a bad recipe)."""
 
     exit_code = 143
+
+
+@contextlib.contextmanager
+def cleaned_up_on_stop(message: str, clean_up: Callable[[], None]) -> Iterator[None]:
+    """Work that leaves nothing when it fails or is stopped (prepare-text, import-hf): on any
+    exception, Ctrl-C included, `clean_up` runs, a second SIGTERM ignored meanwhile. SIGTERM (a
+    scheduler's stop) is raised as Preempted(message) (one line, exit 143): Python's default
+    handler would end the process without the clean-up. Signal handlers exist only in the main
+    thread; elsewhere SIGTERM keeps its handler."""
+    main = threading.current_thread() is threading.main_thread()
+    stopped = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopped
+        stopped = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the clean-up goes on
+        raise Preempted(message)
+
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        yield
+    except BaseException as exc:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        clean_up()
+        if stopped and not isinstance(exc, Preempted):
+            # Raised inside a TensorFlow callback it came back as another error: still the stop.
+            raise Preempted(message) from None
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 # Exit codes a script or scheduler can act on (1: training fault, 2: bad input).

@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +29,7 @@ from dtcli import checkpoint as ckpt_lib
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir
-from dtcli.errors import Preempted
+from dtcli.errors import cleaned_up_on_stop
 from dtcli.hf import config as hf_config
 from dtcli.hf import tokenizer_files
 from dtcli.hf.safetensors_io import ModelFiles
@@ -79,30 +77,10 @@ def _hidden_folder(out: Path) -> Iterator[Path]:
     first, and stderr says so."""
     _remove_stale(out)
     tmp = out.parent / _HIDDEN.format(name=out.name, pid=os.getpid())
-    main = threading.current_thread() is threading.main_thread()
-    stopped = False
-
-    def stop(signum: int, frame: Any) -> None:
-        nonlocal stopped
-        stopped = True
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the clean-up goes on
-        raise Preempted(_PREEMPTED.format(out=str(out)))
-
-    previous = signal.signal(signal.SIGTERM, stop) if main else None
-    try:
+    stopped = _PREEMPTED.format(out=str(out))
+    with cleaned_up_on_stop(stopped, lambda: shutil.rmtree(tmp, ignore_errors=True)):
         tmp.mkdir(parents=True)
         yield tmp
-    except BaseException as exc:
-        if main:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if stopped and not isinstance(exc, Preempted):
-            # Raised inside a TensorFlow callback it came back as another error: still the stop.
-            raise Preempted(_PREEMPTED.format(out=str(out))) from None
-        raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 _PREEMPTED = "preempted (SIGTERM); import-hf stopped and wrote nothing to --out {out!r}"

@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import signal
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ from dtcli.data import tokenizer as tokenizer_lib
 from dtcli.data import tokens as tokens_lib
 from dtcli.data.text import text_files, tfds_documents
 from dtcli.data.tokenizer import Tokenizer
-from dtcli.errors import Preempted, UsageError
+from dtcli.errors import UsageError, cleaned_up_on_stop
 from dtcli.recipe import DataConfig
 from dtcli.recipe.data_checks import bpe_size
 
@@ -162,26 +160,11 @@ _SHARD = re.compile(r"(train|eval)-\d{5}\.bin")
 def _removed_unless_done(out: Path, made: bool) -> Iterator[None]:
     """A preparation that fails or is stopped leaves nothing (_remove). SIGTERM (a scheduler's
     stop) stops it as Ctrl-C does, as an exception (errors.Preempted: one line, exit 143)."""
-    main = threading.current_thread() is threading.main_thread()
-
-    def stop(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the clean-up goes on
-        raise Preempted(
-            f"preempted (SIGTERM); prepare-text stopped and removed what it wrote to --out "
-            f"{str(out)!r}"
-        )
-
-    previous = signal.signal(signal.SIGTERM, stop) if main else None
-    try:
+    stopped = (
+        f"preempted (SIGTERM); prepare-text stopped and removed what it wrote to --out {str(out)!r}"
+    )
+    with cleaned_up_on_stop(stopped, lambda: _remove(out, made)):
         yield
-    except BaseException:
-        if main:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _remove(out, made)
-        raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _remove(out: Path, made: bool) -> None:
