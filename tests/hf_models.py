@@ -81,7 +81,7 @@ def _perturb_norms(model, torch) -> None:
 def gpt2(folder: Path, vocab_size: int = 131, positions: int = 64, dtype: str = "float32"):
     """A random transformers GPT-2 (2 layers, 32 wide, 4 heads) saved with its tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers import GPT2Config
 
     torch.manual_seed(0)
     cfg = GPT2Config(
@@ -94,19 +94,14 @@ def gpt2(folder: Path, vocab_size: int = 131, positions: int = 64, dtype: str = 
         eos_token_id=0,
         initializer_range=0.2,
     )
-    model = AutoModelForCausalLM.from_config(cfg)
-    _perturb_norms(model, torch)
-    model = model.to(getattr(torch, dtype))
-    model.save_pretrained(folder)
-    tokenizer_json(folder)
-    return model.float().eval()
+    return _saved(cfg, folder, dtype)
 
 
 def llama(folder: Path, vocab_size: int = 203, positions: int = 64, dtype: str = "float32"):
     """A random transformers Llama: 2 layers, 64 wide, 4 heads over 2 K/V heads, untied,
     rope_theta 500000, rms_norm_eps 1e-6."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -124,6 +119,15 @@ def llama(folder: Path, vocab_size: int = 203, positions: int = 64, dtype: str =
         bos_token_id=0,
         eos_token_id=0,
     )
+    return _saved(cfg, folder, dtype)
+
+
+def _saved(cfg, folder: Path, dtype: str):
+    """A random model of `cfg`, its norms perturbed, saved in `dtype` with a tokenizer.json
+    beside it; returned in float32 for comparisons."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_config(cfg)
     _perturb_norms(model, torch)
     model = model.to(getattr(torch, dtype))
