@@ -86,35 +86,9 @@ def read(folder: str) -> Published:
     tensors = None
     if (config.folder / INDEX).is_file() or (config.folder / SINGLE).is_file():
         tensors = ModelFiles(config.folder).entries
-        check_tensors(tensors, implied, config)
+        hf_names.check_tensors(config.model_type, keys, tensors, config.folder)
     parameters = sum(math.prod(shape) for shape in implied.values())
     return Published(config.folder, config.model_type, keys, config.vocab_size, parameters, tensors)
-
-
-def check_tensors(
-    tensors: dict[str, Entry], implied: dict[str, tuple[int, ...]], config: hf_config.HfConfig
-) -> None:
-    """The files' tensors against those config.json implies (hf.names), one line naming the
-    first that disagrees: a shape, a tensor the config has no place for (a tied head stored
-    anyway is let be), one it implies that the files lack. Buffers are no tensors here."""
-    found = hf_names.file_names(config.model_type, list(tensors))
-    vocab, d = config.vocab_size, config.transformer["d_model"]
-    for canonical, name in found.items():
-        shape, where = tensors[name].shape, f"{tensors[name].file}: tensor {name!r}"
-        if canonical not in implied:
-            if canonical == "lm_head.weight" and shape == (vocab, d):
-                continue  # a tied head some savers write out: the embedding's copy
-            raise UsageError(f"{where} has no place in the model config.json describes")
-        if shape != implied[canonical]:
-            raise UsageError(
-                f"{where} has shape {list(shape)}; config.json implies {list(implied[canonical])}"
-            )
-    missing = [name for name in implied if name not in found]
-    if missing:
-        raise UsageError(
-            f"{config.folder}: config.json implies a tensor {missing[0]!r} its safetensors "
-            f"files lack ({len(missing)} missing)"
-        )
 
 
 def recipe_for(

@@ -1224,7 +1224,7 @@ CASES: dict[str, Case] = {
         "{tmp}/hf",
         "--out",
         "{tmp}/run",
-        expect="tensor 'transformer.wpe.weight' has shape [16, 16], config.json implies [32, 16]",
+        expect="tensor 'transformer.wpe.weight' has shape [16, 16]; config.json implies [32, 16]",
         setup=hf_folder(edit={"n_positions": 32}),
     ),
     "import-hf tokenizer too big": c(

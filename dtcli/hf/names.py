@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from dtcli.errors import UsageError
+
 # Buffers a checkpoint may hold that are no weights (GPT-2's causal masks, old Llama's RoPE
 # frequencies): ignored on import.
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
@@ -188,4 +190,37 @@ def file_names(model_type: str, names: list[str]) -> dict[str, str]:
         if model_type == "gpt2" and not name.startswith(("transformer.", "lm_head.")):
             canonical = f"transformer.{name}"
         found[canonical] = name
+    return found
+
+
+def check_tensors(
+    model_type: str, transformer: Any, entries: dict[str, Any], folder: Any
+) -> dict[str, str]:
+    """A folder's tensors (`entries`: name -> safetensors_io.Entry, headers only) against those
+    its config implies: each present with its shape, none left over (a tied head saved anyway,
+    as some savers write it, is the embedding again and let be). One line naming the first
+    that disagrees. Returns the file's name of each canonical name (file_names)."""
+    found = file_names(model_type, list(entries))
+    implied = {m.hf: m.hf_shape for m in mappings(model_type, transformer)}
+    tied = (_get(transformer, "vocab_size"), _get(transformer, "d_model"))
+    for canonical, name in found.items():  # in the files' order
+        entry = entries[name]
+        if canonical not in implied:
+            if canonical == "lm_head.weight" and entry.shape == tied:
+                continue
+            raise UsageError(
+                f"{entry.file}: tensor {name!r} is not part of a {model_type} model of its "
+                "config.json"
+            )
+        if entry.shape != implied[canonical]:
+            raise UsageError(
+                f"{entry.file}: tensor {name!r} has shape {list(entry.shape)}; config.json "
+                f"implies {list(implied[canonical])}"
+            )
+    missing = [name for name in implied if name not in found]
+    if missing:
+        raise UsageError(
+            f"{folder}: has no tensor {missing[0]!r}, which its config.json implies "
+            f"({len(missing)} missing)"
+        )
     return found

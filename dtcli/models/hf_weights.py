@@ -22,29 +22,9 @@ from dtcli.hf.safetensors_io import ModelFiles
 
 
 def check_files(hf: HfConfig, files: ModelFiles) -> dict[str, str]:
-    """The folder's tensors against the config: each mapped tensor present with its shape, no
-    tensor left over. Returns the file's name of each mapped tensor."""
-    by_name = names_lib.file_names(hf.model_type, list(files.entries))
-    maps = names_lib.mappings(hf.model_type, hf.transformer)
-    where = f"{hf.folder}"
-    for m in maps:
-        if m.hf not in by_name:
-            raise UsageError(f"{where}: has no tensor {m.hf!r}, which its config.json implies")
-        shape = files.entries[by_name[m.hf]].shape
-        if shape != m.hf_shape:
-            raise UsageError(
-                f"{where}: tensor {by_name[m.hf]!r} has shape {list(shape)}, config.json implies "
-                f"{list(m.hf_shape)}"
-            )
-    mapped = {m.hf for m in maps}
-    # A tied head saved anyway (some checkpoints do) is the embedding again: ignored.
-    extra = [n for c, n in by_name.items() if c not in mapped and c != "lm_head.weight"]
-    if extra:
-        raise UsageError(
-            f"{where}: tensor {extra[0]!r} is not part of a {hf.model_type} model of its "
-            "config.json"
-        )
-    return by_name
+    """The folder's tensors against the config (hf.names.check_tensors); the file's name of
+    each mapped tensor."""
+    return names_lib.check_tensors(hf.model_type, hf.transformer, files.entries, hf.folder)
 
 
 def _padded(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
