@@ -208,7 +208,10 @@ def sums(logits: Any, y: Any, mask: Any, language_model: bool) -> dict[str, Any]
 
     y = tf.cast(y, tf.int32)
     if language_model:  # logits [batch, time, vocab], y [batch, time], mask [batch]
-        mask = mask[:, None] * tf.ones_like(y, tf.float32)
+        # A target below 0 is outside the loss (instruction data: a prompt's tokens, padding,
+        # the seam between packed examples); its weight is 0 and its label any valid id.
+        mask = mask[:, None] * tf.cast(y >= 0, tf.float32)
+        y = tf.maximum(y, 0)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
     hit = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), y), tf.float32)
     # One sum of the three stacked, not three sums: each sum over the sharded batch dim is
