@@ -3,7 +3,7 @@ token ids, segment ids and position ids computes each of its examples as that ex
 window of its own (no attention and no position crosses a boundary), for learned positions and
 rope, in float32 and bf16, with remat, on batch=2,model=2 and with FSDP; the loss of a packed
 batch (targets -1 at each example's last token and at padding) is the sum of its examples'
-losses; a window of one segment is the unpacked window bit for bit.
+losses; a window of one segment is the unpacked window bit for bit; plan counts a packed shape.
 
 The packed batches are built here by hand, laid out as data.packing's source writes them."""
 
@@ -250,3 +250,44 @@ def test_packed_steps_on_batch2_model2_and_fsdp_give_the_examples_losses(cpu8, m
     spec = {p.weight.path: p.spec for p in s.plans}["block_0.attention.query.kernel"]
     assert spec == ("batch", "model", "unsharded")
     np.testing.assert_allclose(fsdp, tp, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def test_plan_counts_a_packed_window_by_its_tokens_and_its_mask():
+    """plan of a packed example shape (3, context): the logits and blocks of `context`
+    positions (not 3), the segment and position rows and the attention mask on top, rope's cos
+    and sin per block; the step's FLOPs those of the unpacked window (the mask saves none)."""
+    from dtcli import devices as devices_lib
+    from dtcli import plan
+    from dtcli.autoplan import workload
+
+    def report(shape: tuple[int, ...], variant: str) -> Any:
+        r = recipe.Recipe(
+            task="language_model",
+            mesh={"batch": 2},
+            model=recipe.ModelConfig(transformer=small(variant)),
+            data=recipe.DataConfig(source="text", context=CONTEXT, batch_size=8),
+        )
+        return r, plan.make_report(r, planned=(devices_lib.Devices("CPU", 2), shape, TABLE))
+
+    b, s, head_dim = 4, CONTEXT, 8  # per device
+    for variant in VARIANTS:
+        r, unpacked = report((CONTEXT,), variant)
+        _, packed_ = report((3, CONTEXT), variant)
+        acts, acts_unpacked = packed_.memory.activations, unpacked.memory.activations
+        assert packed_.batch()["logits_per_device_shape"] == [b, CONTEXT, TABLE]
+        assert acts.parts["logits"] == acts_unpacked.parts["logits"] == 2 * 4 * b * s * TABLE
+        assert acts.parts["inputs"] == 4 * 4 * b * s  # tokens, segments, positions, targets
+        assert acts.parts["packing_mask"] == 4 * b * s * s
+        assert "packing_mask" not in acts_unpacked.parts
+        rope = 2 * 4 * b * s * head_dim if variant.startswith("rope") else 0  # cos and sin
+        per_block = acts.details["per_block_bytes"]
+        assert per_block == acts_unpacked.details["per_block_bytes"] + rope
+        axes = {"batch": 2}
+        steps = [
+            workload.workload(r, report_.plans, axes, shape, TABLE)
+            for report_, shape in ((unpacked, (CONTEXT,)), (packed_, (3, CONTEXT)))
+        ]
+        assert steps[0].flops_per_device > 0 and steps[0] == steps[1]
