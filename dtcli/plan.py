@@ -19,6 +19,7 @@ from dtcli import mesh as mesh_lib
 from dtcli import optimizers
 from dtcli import recipe as recipe_lib
 from dtcli.mesh import UNSHARDED
+from dtcli.models.transformer import window
 from dtcli.recipe import Recipe
 from dtcli.tables import Column, print_table
 
@@ -78,7 +79,7 @@ class Report:
             "global_shape": [self.batch_size, *self.input_shape],
             "per_device_shape": list(inputs),
             "input_bytes_per_device": math.prod(inputs) * FLOAT32,
-            "logits_per_device_shape": [per_device, *self.input_shape[:1], self.num_classes]
+            "logits_per_device_shape": [per_device, window(self.input_shape), self.num_classes]
             if self.transformer is not None
             else [per_device, self.num_classes],
         }

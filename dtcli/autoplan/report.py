@@ -12,6 +12,7 @@ import yaml
 from dtcli import memory as memory_lib
 from dtcli import mesh as mesh_lib
 from dtcli.autoplan.search import Checked
+from dtcli.models.transformer import window
 from dtcli.tables import Column, print_table
 
 
@@ -65,7 +66,7 @@ def correlation(rows: list[Checked]) -> float | None:
 def items_per_step(recipe: Any, input_shape: tuple[int, ...]) -> tuple[int, str]:
     """Tokens (a language model) or examples one step trains on, and their name."""
     if recipe.task == "language_model":
-        return recipe.data.batch_size * input_shape[0], "tokens"
+        return recipe.data.batch_size * window(input_shape), "tokens"
     return recipe.data.batch_size, "examples"
 
 

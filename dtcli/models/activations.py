@@ -14,7 +14,9 @@ Assumptions (an estimate, not a measurement; dtcli.memory's other items are exac
   Dropout (rate > 0) adds a float32 mask per dropped tensor. Remat keeps each block's input
   [b, s, h] (float32) plus one block's activations, recomputed in the backward pass. Outside
   the blocks: ln_f's input, the head's input, the logits and their gradient [b, s, vocab]
-  (float32), the tokens and targets (int32).
+  (float32), the tokens and targets (int32). A packed window (data.packing) adds its segment
+  and position rows (int32), the attention mask every block reads [b, 1, s, s] (float32), and
+  with rope each block's cos and sin at the tokens' positions [b, 1, s, head_dim] (float32).
 - The Core MLP: the input batch and labels, each hidden layer's float32 activation (or its
   input, for GELU) and its compute-dtype copy as the next matmul's input, the logits and their
   gradient.
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from dtcli import mesh as mesh_lib
 from dtcli.layout import WeightPlan
 from dtcli.mesh import UNSHARDED
+from dtcli.models.transformer import is_packed, window
 from dtcli.recipe import Recipe, TransformerConfig
 
 F32, BF16, INT32 = 4, 2, 4
@@ -72,7 +75,8 @@ def estimate(
     shards = _Shards(plans, axes, recipe.layouts.data_axis)
     details: dict[str, int] = {"micro_batch": b}
     if cfg is not None:
-        parts = transformer(cfg, input_shape[0], b, num_classes, shards, c, details)
+        s = window(input_shape)
+        parts = transformer(cfg, s, b, num_classes, shards, c, details, is_packed(input_shape))
     elif recipe.model.api == "core":
         parts = mlp(recipe, input_shape[0], num_classes, b, shards, c)
     else:
@@ -113,8 +117,10 @@ def transformer(
     shards: _Shards,
     c: int,
     details: dict[str, int],
+    packed: bool = False,
 ) -> dict[str, int]:
-    """dtcli's GPT at context `s`, `b` sequences per device, compute dtype of `c` bytes."""
+    """dtcli's GPT at context `s`, `b` sequences per device, compute dtype of `c` bytes;
+    `packed`: windows of several examples (data.packing)."""
     h, a, f = cfg.d_model, cfg.heads, cfg.hidden
     t = shards.of("block_0.attention.query.kernel", 1)  # heads
     tk = shards.of("block_0.attention.key.kernel", 1)  # key/value heads
@@ -127,6 +133,8 @@ def transformer(
     per_block = F32 * (2 * sbh + probs + kept) + c * (2 * sbh + 2 * sbh // t + 2 * sbkv + hidden)
     if c != F32:  # under float32 the probabilities feed their matmul as they are
         per_block += c * probs
+    if packed and cfg.positions == "rope":  # cos and sin at the tokens' own positions
+        per_block += 2 * F32 * s * b * cfg.head_dim
     if cfg.dropout:
         per_block += F32 * (probs + 2 * sbh)
     if cfg.remat:
@@ -134,12 +142,16 @@ def transformer(
     else:
         blocks = cfg.layers * per_block
     details.update(per_block_bytes=per_block, heads_per_device=a // t)
-    return {
+    parts = {
         "blocks": blocks,
         "head": F32 * sbh + c * sbh + (F32 * sbh if cfg.dropout else 0),
         "logits": 2 * F32 * b * s * vocab,
         "inputs": 2 * INT32 * b * s,
     }
+    if packed:  # segment and position rows, and the mask of which positions each attends to
+        parts["inputs"] += 2 * INT32 * b * s
+        parts["packing_mask"] = F32 * b * s * s
+    return parts
 
 
 def mlp(recipe: Recipe, inputs: int, classes: int, b: int, shards: _Shards, c: int) -> dict:

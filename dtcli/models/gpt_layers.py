@@ -18,6 +18,10 @@ Generation's KV cache (models/decode.py) runs the same layers through their own 
 Attention.attend (the training attention, also giving its keys and values) and decode (one
 position over a cache), Block.prefill and decode, PositionEmbedding.add_at. `call` stays the
 training path: the same ops, so the same numbers bit for bit (float32 and bf16, checked).
+
+A packed window (transformer.py) goes in through PackedWindow, which makes the attention mask
+(causal and same segment) once for every block, and the position ids that PositionEmbedding and
+rope read; without one, `keep` and `positions` are None and the unpacked ops run unchanged.
 """
 
 from __future__ import annotations
@@ -144,9 +148,28 @@ class Embedding(tf_keras.layers.Layer):
         return tf.gather(self.table(), ids)
 
 
+class PackedWindow(tf_keras.layers.Layer):
+    """A packed window [batch, 3, context] (models/transformer.py) taken apart: its token ids
+    [batch, context]; `keep` [batch, 1, context, context], 1.0 where a query position may attend
+    to a key position (the key at or before it, in its segment), else 0.0: the same mask every
+    block applies, made once; and each token's position in its example [batch, context]."""
+
+    def call(self, window: Any) -> tuple[Any, Any, Any]:
+        window = tf.cast(window, tf.int32)
+        tokens, segments, positions = window[:, 0], window[:, 1], window[:, 2]
+        # expand_dims, not [:, None]: DTensor's strided-slice expander fails on a new axis.
+        same = tf.equal(tf.expand_dims(segments, 2), tf.expand_dims(segments, 1))
+        # Causal by place in the window (as the unpacked mask), whatever the position ids say;
+        # a constant band (DTensor has no layout propagation for band_part of a batch's data).
+        time = window.shape[-1]
+        causal = tf.constant(np.tril(np.ones((time, time), np.float32)))
+        return tokens, tf.expand_dims(tf.cast(same, tf.float32) * causal, 1), positions
+
+
 class PositionEmbedding(tf_keras.layers.Layer):
     """Adds a learned vector per position to its input [batch, time, d_model] (a table of
-    max_positions rows, the first `time` used)."""
+    max_positions rows, the first `time` used), or, given `positions` [batch, time] (a packed
+    window), the table's row at each token's own position."""
 
     def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
         super().__init__(name=name)
@@ -159,8 +182,11 @@ class PositionEmbedding(tf_keras.layers.Layer):
             "embeddings", (self.rows, self.d_model), initializer=normal(STD)
         )
 
-    def call(self, x: Any) -> Any:
+    def call(self, x: Any, positions: Any = None) -> Any:
         table = self.compute.weight(self.embeddings, matmul=False)
+        if positions is not None:
+            # A gather from the table's value, as Embedding's: the table may be sharded.
+            return x + tf.gather(table, positions)
         time = x.shape[1]
         return x + (table if time == self.rows else table[:time])
 
@@ -198,24 +224,30 @@ class Attention(tf_keras.layers.Layer):
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
         self.rotary = Rotary(cfg) if cfg.positions == "rope" else None
 
-    def call(self, x: Any, training: bool = False) -> Any:
-        return self.attend(x, training)[0]
+    def call(self, x: Any, training: bool = False, keep: Any = None, positions: Any = None) -> Any:
+        return self.attend(x, training, keep, positions)[0]
 
-    def attend(self, x: Any, training: bool = False) -> tuple[Any, Any, Any]:
+    def attend(
+        self, x: Any, training: bool = False, keep: Any = None, positions: Any = None
+    ) -> tuple[Any, Any, Any]:
         """The attention's output, and its keys and values [batch, kv_heads, time, head_dim]
-        (what generation keeps as the K/V cache of a window; `call` drops them: the same ops)."""
+        (what generation keeps as the K/V cache of a window; `call` drops them: the same ops).
+        A packed window gives `keep` and `positions` (PackedWindow): the mask to apply and
+        the positions rope rotates by."""
         c = self.compute
         # [batch, heads, time, head_dim]: batched matmuls (an einsum over these dims
         # measured 3x slower on CPU).
         q, k, v = self._heads(x)
         if self.rotary is not None:
-            q, k = self.rotary.rotate(q), self.rotary.rotate(k)
+            cos, sin = (None, None) if positions is None else self.rotary.gathered(positions)
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
         scores = c.result(
             tf.matmul(c.activation(q), c.activation(self._grouped(k)), transpose_b=True)
         )
         scores = scores * (1.0 / math.sqrt(self.head_dim))
-        # Causal: position t attends to positions <= t (a lower-triangular band).
-        keep = tf.linalg.band_part(tf.ones_like(scores), -1, 0)
+        if keep is None:
+            # Causal: position t attends to positions <= t (a lower-triangular band).
+            keep = tf.linalg.band_part(tf.ones_like(scores), -1, 0)
         scores = scores + (1.0 - keep) * -1e9
         weights = self.dropout(tf.nn.softmax(scores, axis=-1), training=training)
         out = c.result(tf.matmul(c.activation(weights), c.activation(self._grouped(v))))
@@ -292,14 +324,16 @@ class Block(tf_keras.layers.Layer):
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
         self.remat = cfg.remat
 
-    def call(self, x: Any, training: bool = False) -> Any:
+    def call(self, x: Any, training: bool = False, keep: Any = None, positions: Any = None) -> Any:
+        """`keep`, `positions`: a packed window's (PackedWindow), else None."""
         if self.remat and training:
             # The recipe refuses remat with dropout: a recompute would draw other masks.
-            return tf.recompute_grad(lambda h: self._forward(h, True))(x)
-        return self._forward(x, training)
+            return tf.recompute_grad(lambda h: self._forward(h, True, keep, positions))(x)
+        return self._forward(x, training, keep, positions)
 
-    def _forward(self, x: Any, training: bool) -> Any:
-        x = x + self.dropout(self.attention(self.ln_1(x), training=training), training=training)
+    def _forward(self, x: Any, training: bool, keep: Any = None, positions: Any = None) -> Any:
+        attended = self.attention(self.ln_1(x), training=training, keep=keep, positions=positions)
+        x = x + self.dropout(attended, training=training)
         return x + self.dropout(self.mlp(self.ln_2(x)), training=training)
 
     # Generation (models/decode.py): inference only, so no dropout (it is the identity there).

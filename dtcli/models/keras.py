@@ -16,6 +16,7 @@ from dtcli.errors import UsageError
 from dtcli.layout import UNSHARDED, WeightInfo, WeightPlan, replicated, to_layout
 from dtcli.models.base import Built, first_line, with_article
 from dtcli.models.keras_recipe import make_model
+from dtcli.models.transformer import window
 from dtcli.recipe import ModelConfig
 
 # Attribute paths tf-keras' LayoutMap skips when mapping variables (src/dtensor/layout_map.py).
@@ -83,15 +84,15 @@ def _ensure_built(model: Any, input_shape: tuple[int, ...], x: Any) -> Any:
 
 def check_output(output: Any, num_classes: int, input_shape: tuple[int, ...] = ()) -> None:
     """The model must give (batch, num_classes) logits for a batch of one example; a language
-    model (`input_shape` (time,) of tokens) (batch, time, vocab) logits."""
+    model (`input_shape` (time,) of tokens, or a packed (3, time)) (batch, time, vocab) logits."""
     shape = getattr(output, "shape", None)
     if input_shape and shape is not None:
         dims = tuple(None if d is None else int(d) for d in shape)
-        want = (1, input_shape[0], num_classes)
+        want = (1, window(input_shape), num_classes)
         if dims != want:
             raise UsageError(
                 f"recipe key 'model': a language model must give (batch, time, vocab) = {want} "
-                f"logits for a batch of 1 window of {input_shape[0]} tokens, got {dims}"
+                f"logits for a batch of 1 window of {want[1]} tokens, got {dims}"
             )
         return
     if shape is None:

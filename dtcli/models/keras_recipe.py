@@ -100,7 +100,7 @@ def make_model(
     if cfg.transformer is not None:
         from dtcli.models import transformer
 
-        return transformer.build(cfg.transformer, num_classes, compute)
+        return transformer.build(cfg.transformer, num_classes, compute, input_shape)
     return _sequential(cfg, input_shape)
 
 

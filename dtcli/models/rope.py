@@ -56,6 +56,14 @@ class Rotary:
         rotated = tf.concat([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
 
+    def gathered(self, positions: Any) -> tuple[Any, Any]:
+        """cos and sin [batch, 1, time, head_dim] at each token's position [batch, time] (a
+        packed window's: each example from 0): the rows the unpacked path uses at those
+        positions, gathered."""
+        # expand_dims, not [:, None]: DTensor's strided-slice expander fails on a new axis.
+        cos, sin = (tf.gather(tf.constant(t), positions) for t in (self.cos, self.sin))
+        return tf.expand_dims(cos, 1), tf.expand_dims(sin, 1)
+
     def at(self, at: Any) -> tuple[Any, Any]:
         """cos and sin [batch, 1, 1, head_dim] at each row's one-hot position `at` [batch,
         context] (a product with 0s and a 1: exactly the table's row)."""

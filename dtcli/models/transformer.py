@@ -40,6 +40,13 @@ layouts). Key/value kernels split their kv_heads where the axis divides them, el
 replicated while the queries split (each device repeats the key/value heads its queries read).
 The token embedding is looked up by gathering from its value, which works with the table
 sharded on either dim (a resource gather refuses a vocab-sharded table).
+
+Packed windows (data.packing: true): the input is [batch, 3, context] instead of [batch, context]
+tokens: row 0 the token ids, row 1 each token's segment (1, 2, ... per example of the window, 0
+for padding), row 2 its position in its example (0 at the example's first token). A position
+then attends only to positions at or before it in its own segment, and learned positions and
+rope use row 2, so each example computes what it would alone in a window of its own. No weight
+changes: the same checkpoint runs either input.
 """
 
 from __future__ import annotations
@@ -52,11 +59,17 @@ from dtcli.mesh import UNSHARDED
 from dtcli.recipe import TransformerConfig
 
 
-def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
-    """The GPT as a Functional tf_keras.Model: int tokens [batch, context] -> logits
-    [batch, context, vocab]. `vocab`: the tables' rows (model_vocab). `compute`
-    (models.compute.Compute): how its layers read their weights (FSDP gather, bf16); default
-    float32, no gather."""
+def build(
+    cfg: TransformerConfig,
+    vocab: int,
+    compute: Any = None,
+    example_shape: tuple[int, ...] | None = None,
+) -> Any:
+    """The GPT as a Functional tf_keras.Model: int tokens [batch, context] (or a packed window
+    [batch, 3, context]) -> logits [batch, context, vocab]. `vocab`: the tables' rows
+    (model_vocab). `compute` (models.compute.Compute): how its layers read their weights (FSDP
+    gather, bf16); default float32, no gather. `example_shape`: one example as the data gives
+    it, (context,) or packed (3, context); default (model.transformer.context,)."""
     import tf_keras
 
     # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
@@ -64,14 +77,21 @@ def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
     from dtcli.models.norms import norm_layer
 
     c = compute or g.FLOAT32
+    shape = tuple(example_shape or (cfg.context,))
     token_embedding = g.Embedding(cfg, vocab, "token_embedding", c)
-    ids = tf_keras.Input((cfg.context,), dtype="int32", name="tokens")
+    window = tf_keras.Input(shape, dtype="int32", name="tokens")
+    # Packed: each block's attention mask and the positions, made once from the window.
+    packing: dict[str, Any] = {}
+    ids = window
+    if is_packed(shape):
+        ids, packing["keep"], packing["positions"] = g.PackedWindow(name="packed_window")(window)
     x = token_embedding(ids)
     if cfg.positions == "learned":
-        x = g.PositionEmbedding(cfg, "position_embedding", c)(x)
+        at = {"positions": packing["positions"]} if packing else {}
+        x = g.PositionEmbedding(cfg, "position_embedding", c)(x, **at)
     x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
     for i in range(cfg.layers):
-        x = g.Block(cfg, f"block_{i}", c)(x)
+        x = g.Block(cfg, f"block_{i}", c)(x, **packing)
     x = norm_layer(cfg, "ln_f", c)(x)
     if cfg.tie_embeddings:
         logits = g.TiedHead(token_embedding, "head", c)(x)
@@ -79,7 +99,20 @@ def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
         logits = g.Dense(vocab, False, g.STD, "head", c)(x)
     if masks_vocab(cfg, vocab):
         logits = g.VocabMask(cfg.vocab_size, "vocab_mask")(logits)
-    return tf_keras.Model(ids, logits, name="gpt")
+    return tf_keras.Model(window, logits, name="gpt")
+
+
+PACKED_ROWS = 3  # a packed window's rows: token ids, segment ids, position ids
+
+
+def is_packed(example_shape: tuple[int, ...]) -> bool:
+    """Whether one example of this shape is a packed window (3, context), not (context,)."""
+    return len(example_shape) == 2 and example_shape[0] == PACKED_ROWS
+
+
+def window(example_shape: tuple[int, ...]) -> int:
+    """The tokens of one window of a language model's example shape, packed or not."""
+    return int(example_shape[-1])
 
 
 def masks_vocab(cfg: TransformerConfig, vocab: int) -> bool:
