@@ -198,15 +198,27 @@ def _weights_from_hf(session: Session) -> None:
     hf_weights.load_folder(session.model, folder, lambda v, var: models.place(v, var, session.mesh))
 
 
-def _keep_hf_files(run: Run) -> None:
-    """model.from_hf: the folder's generation and tokenizer settings and config.json kept in
-    RUN_DIR/hf/, as an import keeps them (generate's end-of-sequence ids; an export's)."""
-    from dtcli import storage
+def _start_from_a_model(run: Run, session: Session) -> None:
+    """A new run that starts from a model (model.from_hf, model.from_run): its step-0 weights
+    (models.hf_weights; a run's checkpoint restored onto this mesh, its optimizer state left),
+    and the Hugging Face files the model came with (generation and tokenizer settings,
+    config.json) kept in RUN_DIR/hf/, as an import keeps them: generate's end-of-sequence ids,
+    an export's."""
     from dtcli.hf import tokenizer_files
+    from dtcli.rundir import base
 
+    model = run.recipe.model
+    if model.from_hf:
+        _weights_from_hf(session)
+        carried = tokenizer_files.carried(Path(run.recipe.model.from_hf))
+    else:
+        base.restore_weights(session.model.module, session.model.weights, model.from_run)
+        carried = base.hf_files(model.from_run)
+    if not run.chief or not carried:
+        return
     folder = run.folder.path / tokenizer_files.FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    for name, data in tokenizer_files.carried(Path(run.recipe.model.from_hf)).items():
+    for name, data in carried.items():
         storage.write_atomic(folder / name, data)
 
 
@@ -226,10 +238,8 @@ def _train(run: Run) -> RunResult:
         tokenizer_file=run.folder.tokenizer,
     )
     run.recipe = session.recipe
-    if run.resume is None and run.recipe.model.from_hf:
-        _weights_from_hf(session)
-        if run.chief:
-            _keep_hf_files(run)
+    if run.resume is None and (run.recipe.model.from_hf or run.recipe.model.from_run):
+        _start_from_a_model(run, session)
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
         run.folder.keep_tokenizer(session.data.tokenizer.to_json())
