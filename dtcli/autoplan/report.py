@@ -65,7 +65,7 @@ def correlation(rows: list[Checked]) -> float | None:
 def items_per_step(recipe: Any, input_shape: tuple[int, ...]) -> tuple[int, str]:
     """Tokens (a language model) or examples one step trains on, and their name."""
     if recipe.task == "language_model":
-        return recipe.data.batch_size * input_shape[0], "tokens"
+        return recipe.data.batch_size * input_shape[-1], "tokens"
     return recipe.data.batch_size, "examples"
 
 

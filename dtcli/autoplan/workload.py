@@ -70,7 +70,7 @@ def workload(
     rows = recipe.data.batch_size // max(axes.get(data_axis, 1), 1)  # examples per device
     accumulate = recipe.train.accumulate
     if cfg is not None:
-        context = input_shape[0]
+        context = input_shape[-1]  # packed instruction windows: [3, context]
         flops = transformer_lib.flops_per_token(cfg, num_classes, context) * context
         flops *= recipe.data.batch_size
         tp = gpt_activation_collectives(

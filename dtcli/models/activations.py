@@ -72,7 +72,7 @@ def estimate(
     shards = _Shards(plans, axes, recipe.layouts.data_axis)
     details: dict[str, int] = {"micro_batch": b}
     if cfg is not None:
-        parts = transformer(cfg, input_shape[0], b, num_classes, shards, c, details)
+        parts = transformer(cfg, input_shape[-1], b, num_classes, shards, c, details)
     elif recipe.model.api == "core":
         parts = mlp(recipe, input_shape[0], num_classes, b, shards, c)
     else:

@@ -235,5 +235,5 @@ def flops_per_token(session: Session) -> float | None:
     cfg = session.recipe.model.transformer
     if cfg is None:
         return None
-    context = session.data.input_shape[0]
+    context = session.data.input_shape[-1]  # packed instruction windows: [3, context]
     return models.transformer.flops_per_token(cfg, session.data.num_classes, context)
