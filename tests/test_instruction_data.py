@@ -2,7 +2,8 @@
 `apply_chat_template` does, each assistant turn (with its end of turn) is the response, one
 BOS, examples cut as data.truncate says, windows unpacked and packed with -1 targets outside
 the responses and at each example's seam; then trained with `dtcli train` (in this process):
-eval counts the response tokens only, its loss is the hand-computed cross-entropy over them."""
+eval counts the response tokens only, its loss is the hand-computed cross-entropy over them,
+and accumulating micro-batches counts a step's targets as one batch does."""
 
 from __future__ import annotations
 
@@ -328,3 +329,41 @@ def test_the_masked_loss_is_the_cross_entropy_over_the_answers_by_hand(sft):
     nll = [-logp[row, p - 1, token] for row, p, token in targets]
     assert got["tokens"] == len(nll)
     assert got["loss"] == pytest.approx(float(np.mean(nll)), rel=1e-5)
+
+
+def steps_of(session, steps: int) -> dict[str, np.ndarray]:
+    """`steps` training steps in data order -> each step's loss and count."""
+    import itertools
+
+    from dtcli import steps as steps_lib
+
+    call, _ = steps_lib.make_steps(session)
+    block = list(itertools.islice(session.train_feed.epoch(0, 0, steps), steps))
+    out = steps_lib.train_block(session, call, block)
+    assert out["applied"] == steps
+    return {"loss": out["loss"], "count": out["count"]}
+
+
+def test_accumulating_micro_batches_counts_the_targets_of_the_whole_step(sft):
+    """train.accumulate 2 on instruction data: each micro-batch's loss is over the targets
+    (>= 0) of the whole step, so 3 steps give the losses of 3 whole batches (1e-5)."""
+    from dtcli import recipe as R
+    from dtcli import session as session_lib
+
+    folder, _, train, _ = sft
+
+    def run(n: int) -> dict[str, np.ndarray]:
+        sets = (
+            f"data.path={folder / 'train.jsonl'}",
+            f"data.eval_path={folder / 'eval.jsonl'}",
+            "data.shuffle=false",
+            f"train.accumulate={n}",
+            "train.steps_per_call=3",
+        )
+        recipe = R.load(folder / "r.yaml", R.Overrides(sets, "batch=1", "cpu:8"))
+        return steps_of(session_lib.prepare(recipe, splits=("train",), use_devices=1), 3)
+
+    whole, accumulated = run(1), run(2)
+    assert whole["count"].tolist() == [response_tokens(train[i : i + 8]) for i in (0, 8, 16)]
+    np.testing.assert_array_equal(accumulated["count"], whole["count"])
+    np.testing.assert_allclose(accumulated["loss"], whole["loss"], rtol=1e-5)
