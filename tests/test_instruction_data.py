@@ -8,6 +8,7 @@ and accumulating micro-batches counts a step's targets as one batch does."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import hf_models
@@ -212,17 +213,26 @@ def jsonl_config(path: str, **keys):
     return R.load(raw).data
 
 
+# The sft run's template, in the tokenizer_config.json beside its (byte) tokenizer: Q:/A:
+# lines, each answer ended by the end-of-text token.
+QA_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}A: {{ m['content'] }}"
+    "{{ eos_token }}\n{% else %}Q: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}"
+)
+
+
 def addition(rng: np.random.Generator, n: int, offset: int) -> list[tuple[dict, str, str]]:
-    """`n` addition questions in the three record forms -> (record, question, answer); the
-    question as the plain template writes the prompt (`offset` shifts the operands: held-out
-    questions are other sums)."""
+    """`n` addition questions in the three record forms -> (record, prompt, answer); the
+    prompt as QA_TEMPLATE writes it (`offset` shifts the operands: held-out questions are
+    other sums)."""
     out = []
     for i in range(n):
         a, b = (int(v) + offset for v in rng.integers(0, 40, 2))
         answer = str(a + b)
         if i % 3 == 0:
             record = {"prompt": f"{a} plus {b}?", "response": answer}
-            prompt = f"User: {a} plus {b}?\n"
+            prompt = f"Q: {a} plus {b}?\n"
         elif i % 3 == 1:
             record = {
                 "messages": [
@@ -231,10 +241,10 @@ def addition(rng: np.random.Generator, n: int, offset: int) -> list[tuple[dict, 
                     {"role": "assistant", "content": answer},
                 ]
             }
-            prompt = f"Add.\n\nUser: {a}+{b}\n"
-        else:  # alpaca's fields under the plain template: the instruction is the prompt
+            prompt = f"Q: Add.\nQ: {a}+{b}\n"
+        else:  # alpaca's fields under another template: the instruction is the prompt
             record = {"instruction": f"Add {a} and {b}.", "input": "", "output": answer}
-            prompt = f"User: Add {a} and {b}.\n"
+            prompt = f"Q: Add {a} and {b}.\n"
         out.append((record, prompt, answer))
     return out
 
@@ -252,7 +262,12 @@ devices: cpu:8
 mesh: {{batch: 8}}
 model:
   transformer: {{layers: 1, d_model: 32, heads: 2, context: {CONTEXT}}}
-data: {{source: jsonl, path: train.jsonl, eval_path: eval.jsonl, batch_size: 8}}
+data:
+  source: jsonl
+  path: train.jsonl
+  eval_path: eval.jsonl
+  tokenizer: tokenizer
+  batch_size: 8
 optimizer: {{name: adamw, learning_rate: 0.01}}
 train: {{steps: 6, eval_every: 3}}
 """
@@ -260,9 +275,10 @@ train: {{steps: 6, eval_every: 3}}
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory, cpu8):
-    """A tiny GPT trained on 48 addition questions for 6 steps (byte tokens, plain template),
-    evaluated on 8 others after 3 and 6 steps: (the folder, the run, the training and the
-    eval examples)."""
+    """A tiny GPT trained on 48 addition questions for 6 steps, evaluated on 8 others after 3
+    and 6 steps: byte tokens and QA_TEMPLATE from a tokenizer folder (data.tokenizer), which
+    is removed once the run has trained (the run keeps the template). (The folder, the run,
+    the training and the eval examples, train's stderr.)"""
     folder = tmp_path_factory.mktemp("sft")
     rng = np.random.default_rng(0)
     train = addition(rng, 48, 0)
@@ -270,9 +286,15 @@ def sft(tmp_path_factory, cpu8):
     held_out = addition(rng, 8, 50)
     write_jsonl(folder / "eval.jsonl", held_out)
     (folder / "r.yaml").write_text(RECIPE)
+    tokenizer = folder / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text(T.ByteTokenizer(eot=T.BYTE_VALUES).to_json())
+    config = {"chat_template": QA_TEMPLATE, "eos_token": T.EOT_TOKEN}
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
     result = run_cli("train", "r.yaml", "--out", "run", "--no-progress", cwd=folder)
     assert result.code == 0, result.err
-    return folder, folder / "run", train, held_out
+    shutil.rmtree(tokenizer)
+    return folder, folder / "run", train, held_out, result.err
 
 
 def response_tokens(examples: list[tuple[dict, str, str]]) -> int:
@@ -281,11 +303,13 @@ def response_tokens(examples: list[tuple[dict, str, str]]) -> int:
 
 
 def test_dtcli_train_on_instruction_data_evaluates_the_response_tokens_only(sft):
-    """Eval counts each answer's bytes and its end-of-text token (not the prompts, the
-    "Assistant:" or the padding), bits per byte over the answers' bytes; the loss fell."""
+    """The template of the tokenizer_config.json beside the tokenizer; eval counts each
+    answer's bytes and its end-of-text token (not the prompts, the "A:" or the padding), bits
+    per byte over the answers' bytes; the loss fell."""
     from dtcli import metrics
 
-    _, run, _, held_out = sft
+    _, run, _, held_out, out = sft
+    assert "chat template the chat_template of tokenizer/tokenizer_config.json" in out
     records = metrics.read(run / "metrics.jsonl")
     assert [r["eval_tokens"] for r in records] == [response_tokens(held_out)] * 2
     last = records[-1]
@@ -297,22 +321,25 @@ def test_dtcli_train_on_instruction_data_evaluates_the_response_tokens_only(sft)
 
 def test_the_masked_loss_is_the_cross_entropy_over_the_answers_by_hand(sft):
     """`dtcli eval`'s loss: the GPT's forward over windows built here from the text, and the
-    cross-entropy in numpy over each answer's tokens and its end of text only (1e-5)."""
+    cross-entropy in numpy over each answer's tokens and its end of text only (1e-5); the
+    loss of the run's last evaluation, though the tokenizer folder that gave the template is
+    gone."""
     import tensorflow as tf
 
     from dtcli import checkpoint as ckpt_lib
+    from dtcli import metrics
     from dtcli import recipe as R
     from dtcli import session as session_lib
     from dtcli.rundir import checkpoint_recipe, find_checkpoint, tokenizer_file
 
-    folder, run, _, held_out = sft
+    folder, run, _, held_out, _ = sft
     result = run_cli("eval", run, "--json", "--no-progress", cwd=folder)
     assert result.code == 0, result.err
     got = json.loads(result.out)
     eot = T.BYTE_VALUES
     windows, targets = [], []  # targets: (row, position, id) predicted at position - 1
     for row, (_, prompt, answer) in enumerate(held_out):
-        head = f"{prompt}Assistant:".encode()
+        head = f"{prompt}A:".encode()
         ids = [*head, *f" {answer}".encode(), eot, *b"\n"]
         targets += [(row, p, ids[p]) for p in range(len(head), len(head) + len(answer) + 2)]
         windows.append(ids + [eot] * (CONTEXT - len(ids)))
@@ -329,6 +356,9 @@ def test_the_masked_loss_is_the_cross_entropy_over_the_answers_by_hand(sft):
     nll = [-logp[row, p - 1, token] for row, p, token in targets]
     assert got["tokens"] == len(nll)
     assert got["loss"] == pytest.approx(float(np.mean(nll)), rel=1e-5)
+    # Its tokenizer folder gone, the run evaluates with the template it trained with.
+    trained = metrics.read(run / "metrics.jsonl")[-1]["eval_loss"]
+    assert got["loss"] == pytest.approx(trained, rel=1e-6)
 
 
 def steps_of(session, steps: int) -> dict[str, np.ndarray]:
@@ -350,12 +380,14 @@ def test_accumulating_micro_batches_counts_the_targets_of_the_whole_step(sft):
     from dtcli import recipe as R
     from dtcli import session as session_lib
 
-    folder, _, train, _ = sft
+    folder, _, train, _, _ = sft
 
     def run(n: int) -> dict[str, np.ndarray]:
         sets = (
             f"data.path={folder / 'train.jsonl'}",
             f"data.eval_path={folder / 'eval.jsonl'}",
+            f"data.tokenizer={folder / 'run' / 'tokenizer.json'}",
+            "data.chat_template=plain",
             "data.shuffle=false",
             f"train.accumulate={n}",
             "train.steps_per_call=3",

@@ -58,6 +58,12 @@ def _config_folders(cfg: DataConfig, saved: Path | None) -> list[Path]:
     return folders
 
 
+def tokenizer_config(cfg: DataConfig) -> Path | None:
+    """The tokenizer_config.json beside data.tokenizer, if there is one (a new run keeps it)."""
+    found = [f / chat.CONFIG for f in _config_folders(cfg, None)]
+    return next((p for p in found if p.is_file()), None)
+
+
 def tokenizer(cfg: DataConfig, saved: Path | None = None) -> Tokenizer:
     """The run's saved tokenizer, else the recipe's (bytes, or a tokenizer.json) with an
     end-of-text token: its own, its tokenizer_config.json's EOS, else EOT_TOKEN added after
