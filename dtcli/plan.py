@@ -78,7 +78,8 @@ class Report:
             "global_shape": [self.batch_size, *self.input_shape],
             "per_device_shape": list(inputs),
             "input_bytes_per_device": math.prod(inputs) * FLOAT32,
-            "logits_per_device_shape": [per_device, *self.input_shape[:1], self.num_classes]
+            # A language model's logits: one row per position (a packed window is [3, context]).
+            "logits_per_device_shape": [per_device, *self.input_shape[-1:], self.num_classes]
             if self.transformer is not None
             else [per_device, self.num_classes],
         }

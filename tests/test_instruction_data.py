@@ -274,6 +274,13 @@ train: {{steps: 6, eval_every: 3}}
 
 
 @pytest.fixture(scope="module")
+def recipe_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("recipe") / "r.yaml"
+    path.write_text(RECIPE)
+    return path
+
+
+@pytest.fixture(scope="module")
 def sft(tmp_path_factory, cpu8):
     """A tiny GPT trained on 48 addition questions for 6 steps, evaluated on 8 others after 3
     and 6 steps: byte tokens and QA_TEMPLATE from a tokenizer folder (data.tokenizer), which
@@ -399,3 +406,22 @@ def test_accumulating_micro_batches_counts_the_targets_of_the_whole_step(sft):
     assert whole["count"].tolist() == [response_tokens(train[i : i + 8]) for i in (0, 8, 16)]
     np.testing.assert_array_equal(accumulated["count"], whole["count"])
     np.testing.assert_allclose(accumulated["loss"], whole["loss"], rtol=1e-5)
+
+
+def test_a_packed_recipe_plans_the_activations_and_logits_of_its_context(
+    tmp_path, cli, recipe_file
+):
+    """`dtcli plan` of packed windows ([3, context]): the activations and logits of `context`
+    positions, as the unpacked recipe's."""
+    path = write_jsonl(tmp_path / "t.jsonl", addition(np.random.default_rng(0), 4, 0))
+    plans = {}
+    for packing in ("false", "true"):
+        sets = ["--set", f"data.path={path}", "--set", f"data.packing={packing}"]
+        sets += ["--set", "data.eval_path=null", "--set", "data.tokenizer=null"]
+        result = cli("plan", recipe_file, "--json", *sets, cwd=tmp_path)
+        assert result.code == 0, result.err
+        plans[packing] = json.loads(result.out)
+    unpacked, packed = plans["false"], plans["true"]
+    assert packed["batch"]["per_device_shape"] == [1, 3, CONTEXT]
+    assert packed["batch"]["logits_per_device_shape"] == [1, CONTEXT, 320]
+    assert packed["activations_estimate"] == unpacked["activations_estimate"]
