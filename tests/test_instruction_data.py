@@ -199,15 +199,41 @@ def test_the_default_template_is_the_tokenizer_configs_beside_the_tokenizer(tmp_
     assert reader.template.name == f"the chat_template of {folder / 'tokenizer_config.json'}"
 
 
+def test_an_epoch_is_a_permutation_of_the_windows_dealt_to_client_groups(tmp_path):
+    """Each epoch's order is a pure function of (seed, epoch); two client groups read disjoint
+    halves of it, together every window once; data.eval_fraction holds out a fixed tenth."""
+    from dtcli import data as data_lib
+
+    path = write_jsonl(tmp_path / "t.jsonl", addition(np.random.default_rng(0), 40, 0))
+    dataset = data_lib.load(jsonl_config(path, packing=True))
+    train = list(jsonl.windows(dataset.train, 0, 0, False, 0, 1))
+    assert sum(x[instructions.SEGMENTS].max() for x, _ in train) == 36  # and 4 evaluate
+    assert len(train) == len(dataset.train) < 36
+
+    def epoch(e: int, group: int = 0, groups: int = 1) -> list[bytes]:
+        windows = jsonl.windows(dataset.train, 0, e, True, group, groups)
+        return [x.tobytes() + y.tobytes() for x, y in windows]
+
+    first = epoch(0)
+    assert len(set(first)) == len(train) and epoch(0) == first and epoch(1) != first
+    halves = epoch(0, 0, 2), epoch(0, 1, 2)
+    assert sorted(halves[0] + halves[1]) == sorted(first) and not set(halves[0]) & set(halves[1])
+    again = data_lib.load(jsonl_config(path, seed=7, packing=True))
+    assert [x.tobytes() for x, _ in jsonl.windows(again.eval, 7, 0, False, 0, 1)] == [
+        x.tobytes() for x, _ in jsonl.windows(dataset.eval, 0, 0, False, 0, 1)
+    ]
+
+
 # --------------------------------------------------------------------------- through dtcli
 
 
-def jsonl_config(path: str, **keys):
+def jsonl_config(path: str, seed: int = 0, **keys):
     from dtcli import recipe as R
 
     raw = {
+        "seed": seed,
         "task": "language_model",
-        "model": {"transformer": {"layers": 1, "d_model": 32, "heads": 2, "context": 48}},
+        "model": {"transformer": {"layers": 1, "d_model": 32, "heads": 2, "context": 128}},
         "data": {"source": "jsonl", "path": str(path), "batch_size": 8, **keys},
     }
     return R.load(raw).data
