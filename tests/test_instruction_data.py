@@ -280,7 +280,7 @@ def write_jsonl(path: Path, examples: list[tuple[dict, str, str]]) -> Path:
     return path
 
 
-CONTEXT = 48
+CONTEXT = 64
 RECIPE = f"""\
 name: sft
 task: language_model
