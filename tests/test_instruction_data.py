@@ -224,6 +224,21 @@ def test_an_epoch_is_a_permutation_of_the_windows_dealt_to_client_groups(tmp_pat
     ]
 
 
+def test_generate_and_score_build_a_trained_runs_model_without_its_template(tmp_path):
+    """A run's data without examples (generate, score): the unpacked window of one sequence
+    of ids a row, though the run packed; its template, a file since removed, is not read."""
+    from dtcli import data as data_lib
+
+    saved = tmp_path / "tokenizer.json"
+    saved.write_text(T.ByteTokenizer(eot=T.BYTE_VALUES).to_json())
+    gone = str(tmp_path / "gone.jinja")
+    cfg = jsonl_config(tmp_path / "t.jsonl", packing=True, chat_template=gone)
+    dataset = data_lib.no_data(cfg, saved)
+    assert dataset.input_shape == (128,) and dataset.num_classes == 320
+    with pytest.raises(UsageError, match="recipe key 'data.chat_template': expected"):
+        data_lib.no_data(cfg)  # a new run's template is checked
+
+
 # --------------------------------------------------------------------------- through dtcli
 
 

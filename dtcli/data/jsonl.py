@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dtcli import storage
 from dtcli.data import chat, instructions, streams
 from dtcli.data import tokenizer as tokenizer_lib
 from dtcli.data.base import Dataset, Stream, empty_like
@@ -36,10 +37,12 @@ EVAL_SEED = 0
 
 
 def describe(cfg: DataConfig, saved: Path | None = None) -> tuple[tuple[int, ...], int]:
-    """One window's shape ([context], packed [3, context]) and the model's vocabulary; the
-    chat template checked against the tokenizer. No data file is read."""
+    """One window's shape ([context], packed [3, context]) and the model's vocabulary; a new
+    run's chat template checked against the tokenizer (a trained run's was: generate and
+    score read no template). No data file is read."""
     tok = tokenizer(cfg, saved)
-    _reader(cfg, saved, tok, "data.path")
+    if saved is None or not storage.as_path(saved).exists():
+        _reader(cfg, saved, tok, "data.path")
     return _window_shape(cfg), tokenizer_lib.model_vocab(tok.vocab_size)
 
 
