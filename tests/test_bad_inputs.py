@@ -227,6 +227,23 @@ def lm(*pairs: str, expect: str, **kw) -> Case:
     return c("train", GPT, *on8, *s(*pairs), expect=expect, **kw)
 
 
+PAIR = '{"prompt": "a", "response": "b"}\n'
+
+
+def jsonl_case(text: str, *pairs: str, eval_text: str | None = None, setup=None, **kw) -> Case:
+    """train tiny_gpt.yaml on instruction data: {tmp}/t.jsonl holding `text` (and
+    {tmp}/e.jsonl `eval_text`), with --set `pairs`."""
+
+    def write(tmp: Path) -> None:
+        (tmp / "t.jsonl").write_text(text)
+        if eval_text is not None:
+            (tmp / "e.jsonl").write_text(eval_text)
+        if setup is not None:
+            setup(tmp)
+
+    return lm("data.source=jsonl", "data.path={tmp}/t.jsonl", *pairs, setup=write, **kw)
+
+
 # --------------------------------------------------------------------------- the table
 
 CASES: dict[str, Case] = {
@@ -643,6 +660,109 @@ CASES: dict[str, Case] = {
     ),
     "tokens on a classifier": t(
         "data.source=tokens", "data.path={tmp}", expect="recipe key 'task'"
+    ),
+    # ---- instruction data (source jsonl)
+    "jsonl line not json": jsonl_case(
+        '{"prompt": "a", "response": "b"}\n{"prompt": "a", "response":\n',
+        expect="recipe key 'data.path': {tmp}/t.jsonl:2: not a JSON object (Expecting value",
+    ),
+    "jsonl line without its fields": jsonl_case(
+        '{"question": "a", "answer": "b"}\n',
+        expect='recipe key \'data.path\': {tmp}/t.jsonl:1: expected {"prompt", "response"}, '
+        '{"messages": [...]} or {"instruction", "input", "output"}, got the keys '
+        "['answer', 'question']",
+    ),
+    "jsonl empty response": jsonl_case(
+        '\n{"instruction": "a", "input": "", "output": "  "}\n',
+        expect="recipe key 'data.path': {tmp}/t.jsonl:2: 'output': an empty response",
+    ),
+    "jsonl unknown role": jsonl_case(
+        '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}\n',
+        expect="{tmp}/t.jsonl:1: message 1: unknown role 'tool' (expected system, user, assistant)",
+    ),
+    "jsonl eval line not json": jsonl_case(
+        "nope\n",
+        "data.eval_path={tmp}/e.jsonl",
+        eval_text="nope\n",
+        expect="recipe key 'data.eval_path': {tmp}/e.jsonl:1: not a JSON object",
+    ),
+    "jsonl template the tokenizer lacks": jsonl_case(
+        PAIR,
+        "data.chat_template=chatml",
+        expect="recipe key 'data.chat_template': chatml (built in) writes <|im_start|>, "
+        "<|im_end|>, which the tokenizer (byte tokens (256 byte values plus the end-of-document "
+        "token)) does not have as tokens",
+    ),
+    "jsonl template file missing": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/no.jinja",
+        expect="recipe key 'data.chat_template': expected plain, alpaca, chatml, llama3 or a "
+        "Jinja template file, got '{tmp}/no.jinja' (No such file or directory)",
+    ),
+    "jsonl template not jinja": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/t.jinja",
+        setup=file_at("t.jinja", "{% for m in messages %}{{ m.content }}"),
+        expect="recipe key 'data.chat_template': the template {tmp}/t.jinja is not a Jinja "
+        "template (line 1:",
+    ),
+    "jsonl template raising": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/t.jinja",
+        setup=file_at("t.jinja", "{{ raise_exception('roles must alternate') }}"),
+        expect="recipe key 'data.chat_template': {tmp}/t.jsonl:1: the template {tmp}/t.jinja "
+        "refused the conversation (roles must alternate)",
+    ),
+    "jsonl example too long to refuse": jsonl_case(
+        '{"prompt": "' + "a" * 80 + '", "response": "b"}\n',
+        "data.truncate=refuse",
+        expect="recipe key 'data.truncate': {tmp}/t.jsonl:1: the example is 101 tokens, more "
+        "than data.context 64",
+    ),
+    "jsonl a folder": lm(
+        "data.source=jsonl",
+        "data.path={tmp}",
+        expect="recipe key 'data.path': source jsonl reads one JSON Lines file, '{tmp}' is a folder",
+    ),
+    "jsonl one example and no eval path": jsonl_case(
+        PAIR, expect="recipe key 'data.path': '{tmp}/t.jsonl' holds 1 example, none left"
+    ),
+    "jsonl without a path": lm("data.source=jsonl", expect="source jsonl needs a JSON Lines"),
+    "jsonl on a classifier": t(
+        "data.source=jsonl",
+        "data.path={tmp}/t.jsonl",
+        expect="recipe key 'task': data.source jsonl trains a language model",
+    ),
+    "jsonl with a bpe to train": lm(
+        "data.source=jsonl",
+        "data.path={tmp}/t.jsonl",
+        "data.tokenizer=bpe:300",
+        expect="recipe key 'data.tokenizer': source jsonl reads its examples with a tokenizer",
+    ),
+    "jsonl on a layer list": lm(
+        "data.source=jsonl",
+        "data.path={tmp}/t.jsonl",
+        "model.transformer=null",
+        "model.layers=[Dense]",
+        expect="recipe key 'model': task language_model needs model.transformer",
+    ),
+    "packing with a model.build model": lm(
+        "data.source=jsonl",
+        "data.path={tmp}/t.jsonl",
+        "data.context=32",
+        "data.packing=true",
+        "model.transformer=null",
+        "model.build=custom_models:gpt",
+        expect="recipe key 'data.packing': packed windows (ids, segments and positions, "
+        "[3, context]) are read by dtcli's GPT (model.transformer) only",
+    ),
+    "packing of text": lm(
+        "data.packing=true",
+        expect="recipe key 'data.packing': only instruction data (data.source: jsonl) reads it, "
+        "and data.source is text; remove data.packing",
+    ),
+    "chat template of text": lm(
+        "data.chat_template=plain", expect="recipe key 'data.chat_template': only instruction"
     ),
     "prepare-text missing source": c(
         "prepare-text", "{tmp}/nope", "--out", "{tmp}/o", expect="SOURCE: no file"

@@ -9,7 +9,7 @@ One module per source, named in `SOURCES` (the values of data.source). Each has
 streamed one also `examples`, `share_counts` and `read_error`, picked by `Stream.kind`. A new
 source is one module and one line here (and its recipe checks).
 
-The language-model sources (text, tokens) also take `saved`: where the run keeps its
+The language-model sources (text, tokens, jsonl) also take `saved`: where the run keeps its
 tokenizer (read there when it exists; see dtcli.data.tokenizer), and have `tokenizer(cfg,
 saved)`; their Dataset carries the tokenizer.
 """
@@ -28,6 +28,7 @@ from dtcli.data import (
     embedded,
     idx,
     images,
+    jsonl,
     streams,
     synthetic,
     text,
@@ -57,9 +58,10 @@ SOURCES: dict[str, ModuleType] = {
     "tfrecord": tfrecord,
     "images": images,
     "tokens": tokens,
+    "jsonl": jsonl,
 }
 # The sources of language-model tokens: they take the run's saved tokenizer.
-TOKENIZED = ("text", "tokens")
+TOKENIZED = ("text", "tokens", "jsonl")
 
 __all__ = [
     "SOURCES",
@@ -109,13 +111,15 @@ def describe(
     example, classes = source.describe(cfg, saved) if tokenized else source.describe(cfg)
     if tokenized and vocab_size is not None:
         classes = vocab_for(source.tokenizer(cfg, saved), vocab_size)
-    return model_shape(example, cfg), classes
+    # A language model's windows as they are (data.flatten is a classifier's).
+    return (example if tokenized else model_shape(example, cfg)), classes
 
 
 def no_data(cfg: DataConfig, saved: Path | None = None, vocab_size: int | None = None) -> Dataset:
     """A data set of no examples with the shapes `cfg` gives (describe): a model needs them; a
-    language model's with its tokenizer (generate encodes and decodes with it)."""
-    shape, classes = describe(cfg, saved, vocab_size)
+    language model's with its tokenizer (generate encodes and decodes with it). Instruction
+    data's windows are unpacked here: generate and score feed one sequence of ids a row."""
+    shape, classes = describe(replace(cfg, packing=False), saved, vocab_size)
     empty = Split(np.zeros((0, *shape), np.float32), np.zeros(0, np.int32))
     tokenizer = SOURCES[cfg.source].tokenizer(cfg, saved) if cfg.source in TOKENIZED else None
     return Dataset(empty, empty, classes, "none", tokenizer)

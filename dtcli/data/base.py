@@ -4,7 +4,7 @@ scaling, default train/eval ranges)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ class Stream:
     the split's size (TFDS reads its own files); tokens: `files` are token shards, `counts` the
     windows of each."""
 
-    kind: str  # "tfrecord" | "images" | "tfds" | "tokens": its source in data.SOURCES
+    kind: str  # "tfrecord" | "images" | "tfds" | "tokens" | "jsonl": its source in data.SOURCES
     files: tuple[str, ...]
     counts: tuple[int, ...]
     labels: tuple[int, ...]
@@ -62,6 +62,8 @@ class Stream:
     file_tokens: tuple[int, ...] = ()  # tokens: the token ids each shard file holds
     token_dtype: str = ""  # tokens: the shards' ids, uint16 or uint32
     target_bytes: int | None = None  # as TextSplit's
+    # jsonl: where its examples lie in the file and the windows they fill (data.jsonl.Lines).
+    lines: Any = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return sum(self.counts)

@@ -195,8 +195,8 @@ def _check_task(recipe: Recipe) -> None:
     if recipe.task == "language_model":
         if d.source not in TEXT_SOURCES:
             raise UsageError(
-                f"recipe key 'data.source': task language_model reads text or token shards, got "
-                f"{d.source!r} (set data.source: text or tokens)"
+                f"recipe key 'data.source': task language_model reads text, token shards or "
+                f"instruction data, got {d.source!r} (set data.source: text, tokens or jsonl)"
             )
         if d.name != "digits" and (d.path is not None or d.eval_path is not None):
             raise UsageError(
@@ -214,6 +214,12 @@ def _check_task(recipe: Recipe) -> None:
                 "length (tokens per example)"
             )
         t = m.transformer
+        if d.packing and t is None:
+            raise UsageError(
+                "recipe key 'data.packing': packed windows (ids, segments and positions, "
+                "[3, context]) are read by dtcli's GPT (model.transformer) only, and this "
+                "model is model.build's; set data.packing: false"
+            )
         if t is not None and d.context > t.context:
             raise UsageError(
                 f"recipe key 'data.context': windows of {d.context} tokens are longer than "

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # Sources read through tf.data, never held whole in memory.
-STREAMED_SOURCES = ("tfds", "tfrecord", "images", "tokens")
+STREAMED_SOURCES = ("tfds", "tfrecord", "images", "tokens", "jsonl")
 # The sources of language-model tokens (task language_model), each with a data.tokenizer.
-TEXT_SOURCES = ("text", "tokens")
+TEXT_SOURCES = ("text", "tokens", "jsonl")
 # data.source text: byte-level tokens, one per byte.
 BYTE_VOCAB = 256
 # data.tokenizer {train: bpe}: the largest vocabulary (a typo guard: 2**20 ids), and the
@@ -36,7 +36,7 @@ class DataConfig:
     """Where examples come from and how they are batched."""
 
     source: Literal[
-        "embedded", "tfds", "idx", "synthetic", "tfrecord", "images", "text", "tokens"
+        "embedded", "tfds", "idx", "synthetic", "tfrecord", "images", "text", "tokens", "jsonl"
     ] = "embedded"
     # embedded: the data set's name ("digits"); tfds: the TFDS name ("mnist").
     name: str = "digits"
@@ -46,8 +46,10 @@ class DataConfig:
     # text: a file, a folder (every file in it, sorted, concatenated) or a glob; null: the Python
     # standard library's own source files (a corpus every installation carries).
     # tokens: the folder `dtcli prepare-text` wrote (token shards, index.json, tokenizer.json).
+    # jsonl: a JSON Lines file of instruction examples, one a line.
     # tfrecord: a glob of evaluation files; images: a folder of the same class subfolders;
-    # text: files to evaluate on (default: the last data.eval_fraction of data.path's bytes).
+    # text: files to evaluate on (default: the last data.eval_fraction of data.path's bytes);
+    # jsonl: a JSON Lines file (default: a fixed data.eval_fraction of data.path's lines).
     eval_path: str | None = None
     # text: the tokens the model sees per window (default: model.transformer.context); each
     # training window starts at any byte (stride 1), evaluation windows do not overlap.
@@ -59,6 +61,19 @@ class DataConfig:
     # it used (RUN_DIR/tokenizer.json); the model's vocabulary is its size rounded up to a
     # multiple of 64.
     tokenizer: str | TrainTokenizerConfig | None = None
+    # jsonl: the chat template: plain, alpaca, chatml, llama3, or a Jinja template file; null:
+    # the chat_template of the tokenizer_config.json beside the tokenizer, else plain.
+    chat_template: str | None = None
+    # jsonl: only the responses (each assistant turn and its end-of-turn token) are in the loss;
+    # false: every token but padding.
+    mask_prompt: bool = True
+    # jsonl: several examples per window, greedily in file order (x [3, context]: ids,
+    # segments, positions; nothing attends or counts positions across an example's edge);
+    # false: one example per window, padded.
+    packing: bool = False
+    # jsonl: an example longer than the context: prompt_start cuts its prompt's start (its end
+    # where the responses alone do not fit), end cuts its end, refuse stops with its line.
+    truncate: Literal["prompt_start", "end", "refuse"] = "prompt_start"
     # tfrecord: the tf.train.Example features holding the image (bytes) and the class (int64);
     # the image is raw bytes of data.shape in data.dtype, or an encoded PNG/JPEG/GIF/BMP.
     image_key: str = "image"

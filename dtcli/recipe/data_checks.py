@@ -59,6 +59,7 @@ def check_data(d: DataConfig) -> None:
     _check_sizes(d)
     _check_source_needs(d)
     _check_tokenizer(d)
+    _check_instructions(d)
     _check_reading(d)
     known = _known_train_count(d)
     if known is not None and d.batch_size > known:
@@ -111,6 +112,10 @@ def _check_source_needs(d: DataConfig) -> None:
         raise UsageError(
             "recipe key 'data.path': source tokens needs the folder `dtcli prepare-text` wrote"
         )
+    if d.source == "jsonl" and not d.path:
+        raise UsageError(
+            "recipe key 'data.path': source jsonl needs a JSON Lines file of examples, one a line"
+        )
     if d.source == "tokens" and d.eval_path:
         raise UsageError(
             "recipe key 'data.eval_path': source tokens evaluates on the eval shards of "
@@ -159,6 +164,38 @@ def bpe_size(spec: str, named: str) -> int | None:
         )
         raise spec_error(named, spec, expected, "" if size else "N is missing")
     return int(size)
+
+
+# The keys only instruction data (source jsonl) reads, and their defaults.
+INSTRUCTION_KEYS = {
+    "chat_template": None,
+    "mask_prompt": True,
+    "packing": False,
+    "truncate": "prompt_start",
+}
+
+
+def _check_instructions(d: DataConfig) -> None:
+    """The instruction keys: given a value of their own only for source jsonl."""
+    if d.source != "jsonl":
+        for key, default in INSTRUCTION_KEYS.items():
+            if getattr(d, key) != default:
+                raise UsageError(
+                    f"recipe key 'data.{key}': only instruction data (data.source: jsonl) reads "
+                    f"it, and data.source is {d.source}; remove data.{key}"
+                )
+        return
+    if d.chat_template is not None and not d.chat_template.strip():
+        raise UsageError(
+            "recipe key 'data.chat_template': expected plain, alpaca, chatml, llama3 or a Jinja "
+            "template file, got ''"
+        )
+    if isinstance(d.tokenizer, TrainTokenizerConfig):
+        raise UsageError(
+            "recipe key 'data.tokenizer': source jsonl reads its examples with a tokenizer it "
+            "is given (bytes, or a tokenizer.json), it trains none; train one with `dtcli "
+            "prepare-text TEXT --tokenizer bpe:N` and give its tokenizer.json"
+        )
 
 
 def _check_tokenizer(d: DataConfig) -> None:
@@ -255,7 +292,7 @@ def _example_values(d: DataConfig) -> int:
     if d.source in ("synthetic", "tfrecord", "images"):
         return math.prod(d.shape)
     if d.source in TEXT_SOURCES:
-        return d.context or 1
+        return (d.context or 1) * (3 if d.packing else 1)
     return 64 if d.source == "embedded" else 28 * 28
 
 

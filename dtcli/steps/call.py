@@ -11,7 +11,7 @@ from dtcli import pipeline as pipeline_lib
 from dtcli.errors import UsageError, one_line
 from dtcli.steps.engine import PER_STEP, Engine, steps_per_call
 from dtcli.steps.lowering import Compiled, MeshSteps
-from dtcli.steps.step import is_measured, per_example, step_at_fn, step_counts, sums
+from dtcli.steps.step import is_measured, step_at_fn, step_counts, sums
 
 
 def make_steps(session: Engine) -> tuple[Any, Any]:
@@ -57,7 +57,6 @@ def _train_call_fn(session: Engine, language_model: bool) -> Any:
     (see make_steps): the K steps as one TensorFlow loop over one traced step."""
     import tensorflow as tf
 
-    placed = session.placed
     measured = is_measured(session.recipe.optimizer)
     per_step = PER_STEP if measured else PER_STEP[:3]
     micro = session.recipe.train.accumulate
@@ -74,7 +73,7 @@ def _train_call_fn(session: Engine, language_model: bool) -> Any:
         real = tf.reduce_sum(tf.cast(runs, tf.int32))
         totals = None
         if micro > 1:
-            totals = step_counts(masks, micro, per_example(inputs, placed, language_model))
+            totals = step_counts(masks, micro, inputs[1] if language_model else None)
 
         def body(i: Any, healthy: Any, applied: Any, *vectors: Any) -> tuple:
             out = step_at(inputs, masks, i, healthy, totals)

@@ -184,22 +184,21 @@ def _accumulated_step_fn(session: Engine, language_model: bool, measured: bool) 
     return one_step
 
 
-def per_example(inputs: tuple, placed: Any, language_model: bool) -> int:
-    """What a real example counts for in a step's count: its tokens (a language model), or 1."""
-    if not language_model:
-        return 1
-    y_shape = placed[1].shape[1:] if placed is not None else inputs[1].shape[2:]
-    return int(y_shape.num_elements())
-
-
-def step_counts(masks: Any, micro: int, per_example: int) -> Any:
-    """[K] the real examples (tokens) of each step of a block of K*micro micro-batches' masks,
-    counted before any of them runs (each micro-batch's loss is over its step's total). One
-    sum over the sharded batch dim (one all-reduce) for the whole block."""
+def step_counts(masks: Any, micro: int, ys: Any = None) -> Any:
+    """[K] what each step of a block of K*micro micro-batches counts, before any of them runs
+    (each micro-batch's loss is over its step's total): its real examples, or (`ys` given, a
+    language model's targets [K*micro, batch/micro, context]) their targets that are in the
+    loss (>= 0, as `sums` counts them: instruction data leaves prompts and padding out). One
+    sum over the sharded batch dim (one all-reduce) for the whole block. A language model's
+    split is never placed on the devices (session.place_on_device), so its ys are the block's."""
     import tensorflow as tf
 
-    per_micro = tf.reduce_sum(masks, axis=1)  # [K*micro], replicated
-    return tf.reduce_sum(tf.reshape(per_micro, [-1, micro]), axis=1) * float(per_example)
+    if ys is None:
+        per_micro = tf.reduce_sum(masks, axis=1)  # [K*micro], replicated
+    else:
+        weights = masks[:, :, None] * tf.cast(ys >= 0, tf.float32)
+        per_micro = tf.reduce_sum(weights, axis=[1, 2])
+    return tf.reduce_sum(tf.reshape(per_micro, [-1, micro]), axis=1)
 
 
 def sums(logits: Any, y: Any, mask: Any, language_model: bool) -> dict[str, Any]:

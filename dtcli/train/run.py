@@ -222,6 +222,22 @@ def _start_from_a_model(run: Run, session: Session) -> None:
         storage.write_atomic(folder / name, data)
 
 
+def _keep_chat_template(run: Run) -> None:
+    """Instruction data whose tokenizer has a tokenizer_config.json beside it (its chat
+    template, BOS and EOS): kept in RUN_DIR/hf/ (where model.from_hf keeps its own), so that
+    eval, generate, a resume and an export render as the run trained once that folder is gone
+    (data.jsonl reads the run's first)."""
+    from dtcli.data import jsonl
+    from dtcli.hf import tokenizer_files
+
+    found = jsonl.tokenizer_config(run.recipe.data)
+    target = run.folder.path / tokenizer_files.FOLDER / tokenizer_files.CARRIED[0]
+    if found is None or target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    storage.write_atomic(target, found.read_bytes())
+
+
 def _train(run: Run) -> RunResult:
     """Set up the session, restore a resume's checkpoint, run the loop, plot and sum up."""
     from dtcli import checkpoint as ckpt_lib
@@ -243,6 +259,8 @@ def _train(run: Run) -> RunResult:
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
         run.folder.keep_tokenizer(session.data.tokenizer.to_json())
+    if run.chief and run.resume is None and run.recipe.data.source == "jsonl":
+        _keep_chat_template(run)
     train_step, eval_step = make_steps(session)
     checkpointer = _checkpointer(run, session)
     history, start, on_first_step = restore(run, session, checkpointer)

@@ -1,0 +1,306 @@
+"""Chat templates: a conversation rendered as text the way Hugging Face's `apply_chat_template`
+renders it, and where each assistant turn lies in that text. No TensorFlow.
+
+A template is Jinja, run as transformers runs it: a sandboxed environment with trim_blocks and
+lstrip_blocks, `raise_exception`, `bos_token`/`eos_token`, `add_generation_prompt`, a
+pass-through `{% generation %}` tag. The built-ins are `plain` (any tokenizer: "User:" and
+"Assistant:" lines, each answer ended by the end-of-text token), `alpaca` (Stanford Alpaca's
+prompt), `chatml` and `llama3` (their special tokens must be in the vocabulary).
+
+An assistant turn's span is found by rendering the conversation up to the turn (with the
+generation prompt) and through it, and comparing with the whole rendering: robust for any
+template whose earlier turns render the same once later ones follow. The span runs to the
+turn's last special token (its end of turn); what the template writes after it (a newline) is
+outside.
+
+A line of instruction data is one of three records: `{"prompt", "response"}`,
+`{"messages": [{"role", "content"}, ...]}` or Alpaca's `{"instruction", "input", "output"}`
+(`conversation`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtcli import storage
+from dtcli.errors import UsageError
+
+KEY = "recipe key 'data.chat_template'"
+ROLES = ("system", "user", "assistant")
+CONFIG = "tokenizer_config.json"
+
+PLAIN = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}User: {{ message['content'] }}\n"
+    "{% else %}Assistant: {{ message['content'] }}{{ eos_token }}\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+_ALPACA_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n"
+)
+_ALPACA_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n"
+)
+ALPACA = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}"
+    "{% if loop.first %}{% if message.get('input') %}"
+    + _ALPACA_INPUT
+    + "{% else %}"
+    + _ALPACA_NO_INPUT
+    + "{% endif %}{% endif %}"
+    "### Instruction:\n{{ message['content'] }}\n\n"
+    "{% if message.get('input') %}### Input:\n{{ message['input'] }}\n\n{% endif %}"
+    "{% else %}### Response:\n{{ message['content'] }}{{ eos_token }}\n\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}### Response:\n{% endif %}"
+)
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' "
+    "+ message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+BUILTIN = {"plain": PLAIN, "alpaca": ALPACA, "chatml": CHATML, "llama3": LLAMA3}
+FORMS = "plain, alpaca, chatml, llama3 or a Jinja template file"
+# Special tokens as chat templates write them (<|im_start|>, <|eot_id|>...): a template that
+# writes one the vocabulary lacks is refused.
+SPECIAL = re.compile(r"<\|[^<>|\s]{1,64}\|>")
+
+
+@dataclass(frozen=True)
+class Template:
+    """A chat template and the token texts it is rendered with."""
+
+    source: str
+    name: str  # what it is, for messages: "chatml (built in)", a file's path...
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return _compiled(self.source).render(
+            messages=messages,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def special_tokens(self) -> list[str]:
+        """The special tokens the template writes: those its source spells out, and its BOS
+        and EOS text, in order of first appearance."""
+        found = SPECIAL.findall(self.source) + [self.bos_token, self.eos_token]
+        return list(dict.fromkeys(t for t in found if t))
+
+    def spans(self, messages: list[dict], where: str) -> tuple[str, list[tuple[int, int]]]:
+        """The whole conversation's text and each assistant turn's [start, end) in it
+        (characters), found by rendering the prefixes (see the module's docstring)."""
+        text = self._rendered(messages, False, where)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            start = len(self._prefix(messages[:i], True, text, where))
+            end = len(self._prefix(messages[: i + 1], False, text, where))
+            spans.append((start, self._end_of_turn(text, start, end)))
+        return text, spans
+
+    def _end_of_turn(self, text: str, start: int, end: int) -> int:
+        """Where a turn rendered as text[start:end] ends: after its last special token."""
+        last = [m.end() for t in self.special_tokens() for m in re.finditer(re.escape(t), text)]
+        inside = [e for e in last if start < e <= end]
+        return max(inside) if inside else end
+
+    def _prefix(self, messages: list[dict], generation: bool, whole: str, where: str) -> str:
+        text = self._rendered(messages, generation, where)
+        if not whole.startswith(text):
+            raise UsageError(
+                f"{KEY}: {where}: {self.name} renders the conversation up to an assistant turn "
+                "as text the whole conversation does not start with, so the response spans "
+                "cannot be found (dtcli compares those renderings); use a built-in template "
+                f"({', '.join(BUILTIN)})"
+            )
+        return text
+
+    def _rendered(self, messages: list[dict], generation: bool, where: str) -> str:
+        import jinja2
+
+        try:
+            return self.render(messages, generation)
+        except jinja2.TemplateError as exc:
+            raise UsageError(
+                f"{KEY}: {where}: {self.name} refused the conversation ({exc})"
+            ) from None
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str) -> Any:
+    """A template compiled as transformers compiles chat templates (its sandbox and options)."""
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """`{% generation %}...{% endgeneration %}`: transformers' marker of assistant text,
+        rendered as its body (dtcli finds the spans by comparing renderings)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_body")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return caller()
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, **kw: Any) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, **kw)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
+def check_compiles(template: Template) -> None:
+    """A template that is not Jinja, refused before any example is read."""
+    import jinja2
+
+    try:
+        _compiled(template.source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UsageError(
+            f"{KEY}: {template.name} is not a Jinja template (line {exc.lineno}: {exc.message})"
+        ) from None
+
+
+def load(spec: str | None, folders: list[Path]) -> Template:
+    """The template `spec` (data.chat_template) names: a built-in, a Jinja file, or (None) the
+    `chat_template` of the first tokenizer_config.json in `folders` (beside the tokenizer),
+    else `plain`. Its BOS and EOS texts are that tokenizer_config.json's where one is there
+    (empty where it names none: the caller fills in the tokenizer's)."""
+    config, config_path = _tokenizer_config(folders)
+    tokens = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
+    if spec is None:
+        source = _config_template(config)
+        if source is None:
+            return Template(PLAIN, "plain (built in; no chat template beside the tokenizer)")
+        return Template(source, f"the chat_template of {config_path}", **tokens)
+    if spec in BUILTIN:
+        return Template(BUILTIN[spec], f"{spec} (built in)", **tokens)
+    path = storage.as_path(spec)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"{KEY}: expected {FORMS}, got {spec!r} ({why})") from None
+    template = Template(source, f"the template {spec}", **tokens)
+    check_compiles(template)
+    return template
+
+
+def _tokenizer_config(folders: list[Path]) -> tuple[dict, Path | None]:
+    for folder in folders:
+        path = Path(folder) / CONFIG
+        if path.is_file():
+            try:
+                config = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"{KEY}: cannot read {path} ({exc})") from None
+            return (config if isinstance(config, dict) else {}), path
+    return {}, None
+
+
+def _config_template(config: dict) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of named ones (the
+    "default")."""
+    found = config.get("chat_template")
+    if isinstance(found, list):
+        named = {t.get("name"): t.get("template") for t in found if isinstance(t, dict)}
+        found = named.get("default")
+    return found if isinstance(found, str) and found.strip() else None
+
+
+def _token_text(value: Any) -> str:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def conversation(record: Any, where: str, key: str) -> list[dict]:
+    """The messages of one line's record, checked: roles, non-empty answers, text contents.
+    `where`: FILE:LINE; `key`: the recipe key the file came from."""
+
+    def refuse(why: str) -> UsageError:
+        return UsageError(f"recipe key '{key}': {where}: {why}")
+
+    if not isinstance(record, dict):
+        raise refuse(f"expected a JSON object, got {type(record).__name__}")
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise refuse("'messages' must be a non-empty list of {role, content}")
+        out = [_message(m, refuse, f"message {i}") for i, m in enumerate(messages)]
+    elif "prompt" in record and "response" in record:
+        out = _pair(record, "prompt", "response", refuse)
+    elif "instruction" in record and "output" in record:
+        out = _pair(record, "instruction", "output", refuse)
+        extra = record.get("input") or ""
+        if not isinstance(extra, str):
+            raise refuse(f"'input' must be text, got {type(extra).__name__}")
+        out[0]["input"] = extra
+    else:
+        raise refuse(
+            'expected {"prompt", "response"}, {"messages": [...]} or {"instruction", "input", '
+            f'"output"}}, got the keys {sorted(record)}'
+        )
+    if not any(m["role"] == "assistant" for m in out):
+        raise refuse("no assistant message (nothing to learn)")
+    return out
+
+
+def _pair(record: dict, prompt: str, response: str, refuse: Any) -> list[dict]:
+    """A record's prompt and response fields as a user and an assistant message."""
+    return [
+        _message({"role": "user", "content": record[prompt]}, refuse, f"'{prompt}'"),
+        _message({"role": "assistant", "content": record[response]}, refuse, f"'{response}'"),
+    ]
+
+
+def _message(message: Any, refuse: Any, named: str) -> dict:
+    if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        raise refuse(f"{named}: expected {{role, content}}, got {json.dumps(message)[:80]}")
+    role, content = message["role"], message["content"]
+    if role not in ROLES:
+        raise refuse(f"{named}: unknown role {role!r} (expected {', '.join(ROLES)})")
+    if not isinstance(content, str):
+        raise refuse(f"{named}: the content must be text, got {type(content).__name__}")
+    if role == "assistant" and not content.strip():
+        raise refuse(f"{named}: an empty response")
+    return {"role": role, "content": content}
