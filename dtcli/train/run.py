@@ -19,7 +19,7 @@ from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage, tfruntime
 from dtcli.errors import TrainingError, UsageError, printed
 from dtcli.recipe import Recipe
-from dtcli.session import Session, prepare
+from dtcli.session import Session, finetune, prepare
 from dtcli.steps import make_steps
 from dtcli.stretches import finished
 from dtcli.train.clients import join, peer_failures
@@ -189,15 +189,6 @@ def _open(run: Run, path: Path) -> None:
         run.latest = run.folder.latest_checkpoint("--resume", "to resume from", run.warn)
 
 
-def _weights_from_hf(session: Session) -> None:
-    """model.from_hf: the new run's step-0 weights are the folder's (models.hf_weights)."""
-    from dtcli import models
-    from dtcli.models import hf_weights
-
-    folder = session.recipe.model.from_hf
-    hf_weights.load_folder(session.model, folder, lambda v, var: models.place(v, var, session.mesh))
-
-
 def _keep_hf_files(run: Run) -> None:
     """model.from_hf: the folder's generation and tokenizer settings and config.json kept in
     RUN_DIR/hf/, as an import keeps them (generate's end-of-sequence ids; an export's)."""
@@ -226,10 +217,12 @@ def _train(run: Run) -> RunResult:
         tokenizer_file=run.folder.tokenizer,
     )
     run.recipe = session.recipe
-    if run.resume is None and run.recipe.model.from_hf:
-        _weights_from_hf(session)
-        if run.chief:
-            _keep_hf_files(run)
+    if run.resume is None or run.recipe.lora is not None:
+        # The base's weights: a new run's step 0; a LoRA resume's base (its checkpoint holds
+        # the adapters alone), checked to be the checkpoint's.
+        finetune.load_base(session, run.meta, run.latest)
+    if run.resume is None and run.recipe.model.from_hf and run.chief:
+        _keep_hf_files(run)
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
         run.folder.keep_tokenizer(session.data.tokenizer.to_json())
