@@ -1356,6 +1356,55 @@ CASES: dict[str, Case] = {
         expect="recipe key 'lora.dropout': recomputing a block (model.transformer.remat)",
         setup=lora_recipe("dropout: 0.1", "context: 8, remat: true"),
     ),
+    # ---- model.from_run ({run}: the quickstart's classifier)
+    "from_run no run": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_run' 'nowhere': no such file or folder",
+        setup=recipe_text("model: {from_run: nowhere}\n"),
+    ),
+    "from_run not a path": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_run': expected a run directory or a checkpoint folder "
+        "(a string), got 3",
+        setup=recipe_text("model: {from_run: 3}\n"),
+    ),
+    "from_run no complete checkpoint": c(
+        "train",
+        "{q}",
+        "--set",
+        "model.from_run={run}",
+        expect="recipe key 'model.from_run' '{run}': neither a checkpoint nor a run directory "
+        "with a complete checkpoint",
+        damage=no_checkpoints,
+    ),
+    "from_run damaged checkpoint": c(
+        "train",
+        "{q}",
+        "--set",
+        "model.from_run={ckpt}",
+        expect="recipe key 'model.from_run': checkpoint {ckpt} is damaged: ",
+        damage=DAMAGES["truncated data"],
+    ),
+    "from_run classifier as a GPT": c(
+        "train",
+        "{r}",
+        "--set",
+        "model.from_run={run}",
+        expect="recipe key 'model.transformer': {'layers': 2} contradicts model.from_run "
+        "'{run}', whose recipe makes it null",
+        setup=recipe_text(
+            "task: language_model\nmodel: {transformer: {layers: 2}}\ndata: {source: text}\n"
+        ),
+    ),
+    "from_run and from_hf": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_run': the model starts from a dtcli run's checkpoint, and "
+        "model.from_hf from a Hugging Face folder; give one of them",
+        setup=recipe_text("task: language_model\nmodel: {from_run: run, from_hf: hf}\n"),
+    ),
     "export out in /proc": c("export", "{run}", "--out", "/proc/dtcli-sm", expect="--out"),
     "export out the run": c("export", "{run}", "--out", "{run}", expect="--out"),
     "export no checkpoint": c(

@@ -399,3 +399,58 @@ def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli,
             "differs)"
         ], args
     assert snapshot(run) == before
+
+
+def test_a_lora_run_on_a_dtcli_run_with_its_base_in_bf16(cli, tmp_path):
+    """model.from_run as the base (a tiny GPT trained 2 steps, run A), stored in bfloat16 (read
+    from A's float32 checkpoint on the host, cast, placed): the run trains, its checkpoints name
+    A's checkpoint by A's own digests, and it evaluates; A trained again at the same path with
+    another seed is another base, refused in one line."""
+    from conftest import RECIPES, write_corpus
+
+    from dtcli import checkpoint as ckpt_lib
+    from dtcli import rundir
+
+    corpus = write_corpus(tmp_path / "corpus.txt", 20_000)
+    tiny = {"layers": 1, "d_model": 32, "heads": 4, "mlp_ratio": 2, "context": 16}
+    a = tmp_path / "A"
+
+    def train_a(seed: int) -> None:
+        sets = [f"model.transformer={json.dumps(tiny)}", f"data.path={corpus}", f"seed={seed}"]
+        sets += ["data.batch_size=8", "train.steps=2", "optimizer.warmup_steps=1"]
+        args = [x for s in sets for x in ("--set", s)]
+        gpt = RECIPES / "tiny_gpt.yaml"
+        result = cli("train", gpt, "--out", a, "--mesh", "batch=8", "--no-progress", *args)
+        assert result.code == 0, result.err
+
+    train_a(0)
+    recipe = {
+        "devices": "cpu:8",
+        "mesh": {"batch": 8},
+        "model": {"from_run": str(a)},
+        "lora": {"rank": 2, "base_precision": "bf16"},
+        "data": {"source": "text", "path": str(corpus), "batch_size": 8},
+        "train": {"steps": 2},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    run = tmp_path / "run"
+    result = cli("train", tmp_path / "r.yaml", "--out", run, "--no-progress")
+    assert result.code == 0, result.err
+    base_ckpt = rundir.complete_checkpoints(a)[-1]
+    files = ckpt_lib.read_meta(base_ckpt)["files"]
+    meta = ckpt_lib.read_meta(rundir.complete_checkpoints(run)[-1])
+    assert meta["base"] == {
+        "from": "model.from_run",
+        "path": str(base_ckpt.resolve()),
+        "digests": {name: files[name]["sha256"] for name in sorted(files)},
+    }
+    assert cli("eval", run, "--no-progress").code == 0
+    shutil.rmtree(a)
+    train_a(1)
+    result = cli("eval", run, "--no-progress")
+    assert result.code == 2 and len(result.err_lines) == 1, result.err
+    assert result.err_lines[0].startswith(
+        f"error: checkpoint {rundir.complete_checkpoints(run)[-1]} holds LoRA adapters of base "
+        f"{base_ckpt.resolve()} (model.from_run); model.from_run {base_ckpt.resolve()} is "
+        "another base (ckpt.data-"
+    ), result.err

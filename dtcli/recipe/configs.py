@@ -201,6 +201,11 @@ class ModelConfig:
     # A Hugging Face model folder (config.json, model.safetensors, tokenizer.json) to start from:
     # model.transformer and data.tokenizer come from it, and a new run's step-0 weights.
     from_hf: str | None = None
+    # A dtcli run directory (its newest checkpoint that verifies) or one of its checkpoint
+    # folders to start from: the model section, task and data.tokenizer come from the
+    # checkpoint's recipe, and a new run's step-0 weights (resolved at load by
+    # dtcli.rundir.base: the resolved recipe names the checkpoint folder itself).
+    from_run: str | None = None
     # core: hidden layer widths and activation; the output layer has one unit per class.
     hidden: list[int] = field(default_factory=lambda: [128])
     activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"

@@ -19,7 +19,7 @@ def check_lora(recipe: Recipe) -> None:
         return
     _check_values(lora)
     m = recipe.model
-    if not (m.from_hf or getattr(m, "from_run", None)):
+    if not (m.from_hf or m.from_run):
         raise UsageError(
             f"{KEY}': LoRA trains adapters on a base model, and this recipe has none; start "
             "from one with model.from_hf: HF_DIR (a Hugging Face folder) or model.from_run: "

@@ -13,6 +13,7 @@ from dtcli import optimizers, storage
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
+from dtcli.rundir.base import resolve as resolve_from_run
 from dtcli.rundir.files import CHECKPOINTS, RECIPE, check_plots, check_records, reachable
 from dtcli.rundir.lock import held_by, held_error
 
@@ -62,7 +63,7 @@ def command_recipe(
         return resume_recipe(resume, overrides, chief=chief)
     if recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
-    return recipe_lib.load(recipe, overrides)
+    return recipe_lib.load(recipe, overrides, from_run=resolve_from_run)
 
 
 def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:

@@ -1,53 +1,48 @@
-"""A fine-tuning run's base model: its weights loaded into a session's model (model.from_hf), and
-for LoRA the base its checkpoints' adapters belong to.
+"""A fine-tuning run's base model: its weights loaded into a session's model (model.from_hf,
+model.from_run), and for LoRA the base its checkpoints' adapters belong to.
 
 A LoRA checkpoint holds the adapters (and the optimizer's state and the counters), never the
 base: its meta.json names the base as `base: {from, path, digests}`, the SHA-256 of the base's
-files (model.from_hf: each *.safetensors file and config.json). Every restore of a LoRA
-checkpoint (a resume, eval, generate, score, export) loads the base the recipe names first and
-refuses, in one line, a base whose digests are not the checkpoint's: adapters trained on one
-base mean nothing on another, and nothing else would notice (the shapes agree)."""
+files (model.from_hf: each *.safetensors file and config.json; model.from_run: the files of the
+base checkpoint, as its meta.json records them: rundir.base). Every restore of a LoRA checkpoint
+(a resume, eval, generate, score, export) loads the base the recipe names first and refuses, in
+one line, a base whose digests are not the checkpoint's: adapters trained on one base mean
+nothing on another, and nothing else would notice (the shapes agree)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from dtcli import checkpoint as ckpt_lib
 from dtcli import models
 from dtcli.errors import UsageError
+from dtcli.models import lora
 from dtcli.recipe import Recipe
+from dtcli.rundir import base as base_lib
 
 FROM_HF = "model.from_hf"
+FROM_RUN = "model.from_run"
 
 
 def base_record(recipe: Recipe) -> dict[str, Any] | None:
     """The base of a LoRA recipe as its checkpoints' meta.json names it; None without LoRA."""
     if recipe.lora is None:
         return None
-    folder = recipe.model.from_hf
-    return {"from": FROM_HF, "path": folder, "digests": hf_digests(folder)}
-
-
-def hf_digests(folder: str | Path) -> dict[str, str]:
-    """The SHA-256 of a Hugging Face folder's weights (each *.safetensors) and config.json, by
-    file name; a folder that is no model folder refused in one line naming model.from_hf."""
+    m = recipe.model
+    if m.from_run:
+        return {"from": FROM_RUN, "path": m.from_run, "digests": base_lib.base_digests(m.from_run)}
     from dtcli.hf import config as hf_config
 
-    hf_config.read(str(folder), f"recipe key '{FROM_HF}'")  # says what is missing
-    folder = Path(folder)
-    names = sorted(p.name for p in folder.glob("*.safetensors")) + [hf_config.CONFIG]
-    try:
-        return {name: ckpt_lib.file_sha256(folder / name) for name in names}
-    except OSError as exc:
-        raise UsageError(
-            f"recipe key '{FROM_HF}': cannot read {exc.filename} ({exc.strerror})"
-        ) from None
+    hf_config.read(m.from_hf, f"recipe key '{FROM_HF}'")  # one line where it is no model folder
+    return {"from": FROM_HF, "path": m.from_hf, "digests": base_lib.hf_digests(m.from_hf)}
 
 
 def check_base(record: dict[str, Any], meta: dict[str, Any], checkpoint: Path) -> None:
     """A LoRA checkpoint's base (its meta.json's) against the recipe's `record`, one line where
     they differ."""
+    from dtcli import checkpoint as ckpt_lib
+
     shown = ckpt_lib.shown(checkpoint)
     saved = meta.get("base")
     if not isinstance(saved, dict) or not isinstance(saved.get("digests"), dict):
@@ -72,24 +67,49 @@ def check_base(record: dict[str, Any], meta: dict[str, Any], checkpoint: Path) -
 def load_base(
     session: Any, meta: dict[str, Any] | None = None, checkpoint: Path | None = None
 ) -> None:
-    """The recipe's base weights (model.from_hf) into `session.model`, on its mesh; nothing
-    without a base. LoRA: the base's record kept in `session.base` (each checkpoint's meta.json
-    holds it), and first compared with `meta`'s, the checkpoint about to be restored (none: a
-    new run)."""
+    """The recipe's base weights (model.from_hf, model.from_run) into `session.model`, on its
+    mesh; nothing without a base. LoRA: the base's record kept in `session.base` (each
+    checkpoint's meta.json holds it), first compared with `meta`'s, the checkpoint about to be
+    restored (none: a new run)."""
     recipe = session.recipe
-    if not recipe.model.from_hf:
+    if not (recipe.model.from_hf or recipe.model.from_run):
         return
     record = base_record(recipe)
     if record is not None and meta is not None:
         check_base(record, meta, checkpoint)
-    load_weights(recipe, session.model, session.mesh)
+    shape = (session.data.input_shape, session.data.num_classes)
+    load_weights(recipe, session.model, session.mesh, shape)
     session.base = record
 
 
-def load_weights(recipe: Recipe, built: models.Built, mesh: Any) -> None:
-    """model.from_hf's weights into `built` (on `mesh`; None: plain variables), cast to a LoRA
-    base's dtype where it is stored in bfloat16."""
+def load_weights(
+    recipe: Recipe, built: models.Built, mesh: Any, data_shape: tuple[tuple[int, ...], int]
+) -> None:
+    """The base's weights into `built` (on `mesh`; None: plain variables), a LoRA model's
+    adapters left as they are. model.from_hf: tensor by tensor, cast to a bfloat16 base's
+    dtype. model.from_run: the checkpoint restored onto the model's own variables (each relaid
+    out onto its layout), or, for a base stored in bfloat16 (a checkpoint holds float32), into
+    a float32 model on the host first, then cast and placed weight by weight. `data_shape`: the
+    model's input shape and classes."""
     from dtcli.models import hf_weights
 
-    place = lambda value, var: models.place(value, var, mesh)  # noqa: E731
-    hf_weights.load_folder(built, recipe.model.from_hf, place)
+    def place(value: Any, var: Any) -> Any:
+        return models.place(value, var, mesh)
+
+    if recipe.model.from_hf:
+        hf_weights.load_folder(built, recipe.model.from_hf, place)
+        return
+    base = [w for w in built.weights if not lora.is_adapter(w.path)]
+    if all(w.dtype == "float32" for w in base):
+        base_lib.restore_weights(built.module, base, recipe.model.from_run)
+        return
+    plain = dataclasses.replace(recipe, lora=None)
+    host = models.build_plain(plain, *data_shape)
+    from dtcli.models.keras import keras_variables
+
+    found = {path: var for path, var, _ in keras_variables(host)}
+    weights = [dataclasses.replace(w, dtype="float32") for w in base]
+    base_lib.restore_weights(host, weights, recipe.model.from_run)
+    for path, var in found.items():
+        live = built.variables[path]
+        live.assign(place(var.numpy(), live))

@@ -190,14 +190,23 @@ def _open(run: Run, path: Path) -> None:
 
 
 def _keep_hf_files(run: Run) -> None:
-    """model.from_hf: the folder's generation and tokenizer settings and config.json kept in
-    RUN_DIR/hf/, as an import keeps them (generate's end-of-sequence ids; an export's)."""
-    from dtcli import storage
+    """A new run that starts from a model (model.from_hf, model.from_run): the Hugging Face
+    files the model came with (generation and tokenizer settings, config.json) kept in
+    RUN_DIR/hf/, as an import keeps them: generate's end-of-sequence ids, an export's. (Its
+    step-0 weights: session.finetune.load_base.)"""
     from dtcli.hf import tokenizer_files
+    from dtcli.rundir import base
 
+    model = run.recipe.model
+    if model.from_hf:
+        carried = tokenizer_files.carried(Path(model.from_hf))
+    else:
+        carried = base.hf_files(model.from_run)
+    if not carried:
+        return
     folder = run.folder.path / tokenizer_files.FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    for name, data in tokenizer_files.carried(Path(run.recipe.model.from_hf)).items():
+    for name, data in carried.items():
         storage.write_atomic(folder / name, data)
 
 
@@ -218,10 +227,11 @@ def _train(run: Run) -> RunResult:
     )
     run.recipe = session.recipe
     if run.resume is None or run.recipe.lora is not None:
-        # The base's weights: a new run's step 0; a LoRA resume's base (its checkpoint holds
-        # the adapters alone), checked to be the checkpoint's.
+        # The base's weights (model.from_hf, model.from_run): a new run's step 0; a LoRA
+        # resume's base (its checkpoints hold the adapters alone), checked to be theirs.
         finetune.load_base(session, run.meta, run.latest)
-    if run.resume is None and run.recipe.model.from_hf and run.chief:
+    model = run.recipe.model
+    if run.resume is None and run.chief and (model.from_hf or model.from_run):
         _keep_hf_files(run)
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
