@@ -1350,6 +1350,15 @@ CASES: dict[str, Case] = {
             "data: {source: text}\n"
         ),
     ),
+    "lora on a classifier run": c(
+        "train",
+        "{r}",
+        "--set",
+        "model.from_run={run}",
+        expect="recipe key 'lora': LoRA adapts dtcli's GPT (model.transformer), and this "
+        "recipe's base is a tf-keras model",
+        setup=recipe_text("lora: {rank: 2}\n"),
+    ),
     "lora dropout with remat": c(
         "train",
         "{r}",

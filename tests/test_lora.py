@@ -330,6 +330,7 @@ def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli,
     from conftest import checkpoint_tensors, snapshot
 
     from dtcli import checkpoint as ckpt_lib
+    from dtcli import data as data_lib
     from dtcli import rundir
     from dtcli.export import plain
 
@@ -377,6 +378,15 @@ def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli,
     assert evaluated["loss"] == pytest.approx(last["eval_loss"], rel=1e-5)
     assert cli("generate", run, "--prompt", "All:", "--tokens", "4", "--no-progress").code == 0
     assert cli("score", run, "--text", "We are accounted poor", "--no-progress").code == 0
+    # The SavedModel (plain variables: the base loaded, then the adapters) gives eval's loss.
+    assert cli("export", run, "--out", tmp_path / "sm").code == 0
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    split = data_lib.load(R.load(run / "recipe.yaml").data, ("eval",), run / "tokenizer.json", 131)
+    z = served(x=tf.constant(split.eval.x, tf.int32))["logits"].numpy()[..., :131]
+    loss = -np.take_along_axis(log_softmax(z), split.eval.y[..., None].astype(int), -1).mean()
+    assert loss == pytest.approx(evaluated["loss"], rel=1e-5)
+    result = cli("export", run, "--out", tmp_path / "hf_out", "--format", "hf")
+    assert result.code == 2 and "--format hf: the run trained LoRA adapters" in result.err
 
     # Another base of the same shape at the same path: one weight fine-tuned a little.
     from safetensors.numpy import load_file, save_file
@@ -445,6 +455,7 @@ def test_a_lora_run_on_a_dtcli_run_with_its_base_in_bf16(cli, tmp_path):
         "digests": {name: files[name]["sha256"] for name in sorted(files)},
     }
     assert cli("eval", run, "--no-progress").code == 0
+    assert cli("export", run, "--out", tmp_path / "sm").code == 0  # plain variables, bf16 base
     shutil.rmtree(a)
     train_a(1)
     result = cli("eval", run, "--no-progress")

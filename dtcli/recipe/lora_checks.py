@@ -26,7 +26,12 @@ def check_lora(recipe: Recipe) -> None:
             "RUN_DIR (a dtcli run)"
         )
     t = m.transformer
-    if t is not None and t.remat and lora.dropout:
+    if t is None:
+        raise UsageError(
+            f"{KEY}': LoRA adapts dtcli's GPT (model.transformer), and this recipe's base is a "
+            f"{'Core-API MLP' if m.api == 'core' else 'tf-keras model'}; train it whole instead"
+        )
+    if t.remat and lora.dropout:
         # As model.transformer.dropout: the recompute would draw other masks.
         raise UsageError(
             f"{KEY}.dropout': recomputing a block (model.transformer.remat) would draw new "

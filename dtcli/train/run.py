@@ -199,7 +199,7 @@ def _keep_hf_files(run: Run) -> None:
 
     model = run.recipe.model
     if model.from_hf:
-        carried = tokenizer_files.carried(Path(model.from_hf))
+        carried = tokenizer_files.carried(Path(run.recipe.model.from_hf))
     else:
         carried = base.hf_files(model.from_run)
     if not carried:
