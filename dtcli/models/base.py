@@ -33,11 +33,6 @@ class Built:
         """The model's part of a checkpoint: {"model": module}, or {"lora": its adapters}."""
         return self.saved or {"model": self.module}
 
-    @property
-    def adapters(self) -> dict[str, Any]:
-        """LoRA's adapters by path (none without LoRA)."""
-        return dict(self.saved["lora"].adapters) if self.saved else {}
-
 
 _KERAS_CALL = re.compile(r"Exception encountered when calling layer ['\"]([^'\"]*)['\"]")
 

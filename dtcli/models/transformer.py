@@ -32,6 +32,17 @@ mlp_hidden defaults to mlp_ratio * d_model, head_dim is d_model // heads:
 (.bias and .beta with bias: true.) With vocab_size set below model_vocab, a `vocab_mask` layer
 after the head sets the logits of the ids past it to -inf.
 
+LoRA (`lora:`, models/lora.py): each kernel PATH.kernel that lora.targets finds gets PATH.lora_a
+[its input dims..., r] and PATH.lora_b [r, its output dims...], listed right after the kernel,
+trainable and float32, while every other weight is frozen (bfloat16 with base_precision bf16):
+
+    block_i.mlp.fc.lora_a [d_model, r]   .lora_b [r, mlp_hidden]  (gate, proj, head: likewise)
+    block_i.attention.query.lora_a [d_model, r]   .lora_b [r, heads, head_dim]  (key, value)
+    block_i.attention.proj.lora_a [heads, head_dim, r]   .lora_b [r, d_model]
+
+The layer's output is base(x) + lora.alpha / r * ((dropout(x) . A) . B); W + alpha / r * A . B
+(A's r contracted with B's) is the merged kernel.
+
 Tensor parallel (Megatron): shard the attention heads (dim 1 of query/key/value, dim 0 of
 attention.proj) and the MLP's hidden dim (dim 1 of fc, dim 0 of proj) on one mesh axis; each
 block then all-reduces twice per pass. Heads are an explicit dim of the attention kernels, so a
