@@ -24,10 +24,11 @@ class WeightInfo:
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self.dtype]
+        return _ITEMSIZE.get(self.dtype, 4)
 
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+# Bytes per element of the dtypes a weight is stored in (a user's model may hold others).
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
 
 
 @dataclass(frozen=True)
