@@ -116,7 +116,7 @@ def test_adapters_follow_their_kernels_shapes_and_layouts(cpu8):
         "block_0.mlp.proj": ((128, 4), (4, 32)),
     }
     listed = lora.with_adapters(transformer.weights(cfg, 64), found, "bf16")
-    built = transformer.build(cfg, 64, Compute(frozen=True, stored="bfloat16"), found)
+    built = transformer.build(cfg, 64, Compute(frozen=True, stored="bfloat16"), adapters=found)
     made = [
         WeightInfo(p, tuple(v.shape), owner, v.trainable, v.dtype.name)
         for p, v, owner in keras_variables(built)
