@@ -88,7 +88,40 @@ def resolve(raw: dict) -> dict:
         data = dict(data)
         data["tokenizer"] = _tokenizer(data.get("tokenizer"), checkpoint, base, given)
         resolved["data"] = data
+        if data.get("source") == "jsonl":
+            _check_end_of_text(data["tokenizer"], base_model, given)
     return resolved
+
+
+def _check_end_of_text(tokenizer: Any, model: dict, path: str) -> None:
+    """Instruction data ends each answer with an end-of-text token, which data.jsonl adds
+    after the ids of a tokenizer that has none: a base trained on such a tokenizer whose
+    vocabulary has no row past its ids (byte tokens: 256 ids, 256 rows) cannot take it, and is
+    refused here in words rather than as an embedding's shape at restore (dtcli adds no
+    embedding rows)."""
+    from dtcli.data import tokenizer as tokenizer_lib
+
+    transformer = model.get("transformer")
+    if not isinstance(transformer, dict) or transformer.get("vocab_size") is not None:
+        return  # an imported model's real vocabulary: data.tokenizer's own check
+    if tokenizer is None or tokenizer == "bytes":
+        tok: Any = tokenizer_lib.ByteTokenizer()
+    elif isinstance(tokenizer, str):
+        tok = tokenizer_lib.from_spec(tokenizer, "recipe key 'data.tokenizer'")
+    else:
+        return
+    if tok is None or tok.eot is not None:
+        return
+    rows = tokenizer_lib.model_vocab(tok.vocab_size)
+    if tokenizer_lib.model_vocab(tok.vocab_size + 1) == rows:
+        return
+    raise UsageError(
+        f"{NAMED} {path!r}: instruction data (data.source jsonl) ends each answer with an "
+        f"end-of-text token; the base's tokenizer ({tok.description}) has none and its model "
+        f"no row for one ({rows} rows for {tok.vocab_size} ids; dtcli adds no embedding rows). "
+        "Pretrain the base with one: dtcli prepare-text TEXT --out SHARDS, then train with "
+        "data.source tokens, data.path SHARDS (bytes and <|endoftext|>)"
+    )
 
 
 def _read(path: str, read: Callable[[Path, Path], T]) -> T:
