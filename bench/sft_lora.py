@@ -18,7 +18,9 @@ Then the base and both runs are measured by dtcli's own commands:
   - steps, train_seconds (train's `done:` line: the steps with their evaluations and
     checkpoints, not the start-up), wall_seconds (the whole `dtcli train` process),
     tokens_per_sec (the loss's tokens, the responses, as train counts them, over
-    metrics.jsonl's records), trainable_parameters (`dtcli plan --json`: the weights that train).
+    metrics.jsonl's records) and window_tokens_per_sec (every token of the windows the model
+    reads: batch x context a step), trainable_parameters (`dtcli plan --json`: the weights that
+    train).
 Prints one JSON object ({"base", "lora", "full", "steps", "machine"}) on stdout, a table on
 stderr. About 5 minutes on 2 cores for 1,000 steps.
 """
@@ -52,18 +54,22 @@ def exact_match(answers: list[dict], references: list[dict]) -> float:
     return hits / len(references)
 
 
-def training_figures(records: list[dict], log: str) -> dict:
-    """A run's steps, its training seconds (train's `done:` line) and its tokens a second (the
-    loss's tokens over metrics.jsonl's records: each record's train_tokens in its seconds)."""
+def training_figures(records: list[dict], log: str, window_tokens: int) -> dict:
+    """A run's steps, its training seconds (train's `done:` line) and its tokens a second over
+    metrics.jsonl's records (each record's steps in its seconds): the loss's tokens (the
+    responses: train_tokens), and the windows' (`window_tokens` a step: batch x context, what
+    the model reads)."""
     found = DONE.search(log)
     if found is None:
         raise ValueError("no 'done: N steps (S s training in this process)' line in the log")
     tokens = sum(r["train_tokens"] for r in records)
     seconds = sum(r["seconds"] for r in records)
+    steps = records[-1]["step"] if records else 0
     return {
         "steps": int(found.group(1).replace(",", "")),
         "train_seconds": float(found.group(2)),
         "tokens_per_sec": tokens / seconds if seconds > 0 else math.nan,
+        "window_tokens_per_sec": steps * window_tokens / seconds if seconds > 0 else math.nan,
     }
 
 
@@ -76,7 +82,7 @@ def table(results: dict) -> str:
     """The three rows side by side, as the docs show them."""
     head = (
         f"{'':6} {'exact':>6} {'eval loss':>9} {'steps':>6} {'train s':>8} {'tok/s':>7} "
-        f"{'trainable':>10}"
+        f"{'window tok/s':>12} {'trainable':>10}"
     )
     lines = [head]
     for name in ("base", "lora", "full"):
@@ -84,7 +90,7 @@ def table(results: dict) -> str:
         lines.append(
             f"{name:6} {r['exact_match']:6.1%} {r['eval_loss']:9.4f} {r.get('steps', 0):6} "
             f"{r.get('train_seconds', 0):8.1f} {r.get('tokens_per_sec', 0):7.0f} "
-            f"{r['trainable_parameters']:10,}"
+            f"{r.get('window_tokens_per_sec', 0):12.0f} {r['trainable_parameters']:10,}"
         )
     return "\n".join(lines)
 
@@ -130,7 +136,9 @@ def fine_tune(name: str, out: Path, common: dict, own: dict) -> dict:
     plan, _ = dtcli("plan", RECIPE, *sets(assignments), "--json")
     _, wall = dtcli("train", RECIPE, *sets(assignments), "--out", run, "--no-progress")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    figures = training_figures(records, (run / "train.log").read_text())
+    batch = json.loads(plan)["batch"]["global_shape"]  # [batch, context] ([batch, 3, context])
+    window = batch[0] * batch[-1]
+    figures = training_figures(records, (run / "train.log").read_text(), window)
     trainable = trainable_parameters(json.loads(plan))
     return {**figures, "wall_seconds": wall, "trainable_parameters": trainable, "run": str(run)}
 

@@ -180,14 +180,19 @@ def test_sft_exact_match_compares_each_answer_stripped_with_its_own_response():
 
 def test_sft_training_figures_sum_the_records_and_read_trains_done_line():
     records = [
-        {"train_tokens": 300, "seconds": 2.0},
-        {"train_tokens": 900, "seconds": 1.0},
+        {"step": 500, "train_tokens": 300, "seconds": 2.0},
+        {"step": 1000, "train_tokens": 900, "seconds": 1.0},
     ]
     log = "step 1000/1000 loss 1.7\ndone: 1,000 steps (42.5 s training in this process); eval..."
-    figures = sft_lora.training_figures(records, log)
-    assert figures == {"steps": 1000, "train_seconds": 42.5, "tokens_per_sec": 400.0}
+    figures = sft_lora.training_figures(records, log, window_tokens=16 * 64)
+    assert figures == {
+        "steps": 1000,
+        "train_seconds": 42.5,
+        "tokens_per_sec": 400.0,
+        "window_tokens_per_sec": 1000 * 16 * 64 / 3.0,
+    }
     with pytest.raises(ValueError, match="no 'done:"):
-        sft_lora.training_figures(records, "step 10/10 loss 1.0\n")
+        sft_lora.training_figures(records, "step 10/10 loss 1.0\n", 1)
 
 
 def test_sft_trainable_parameters_count_the_weights_that_train():
