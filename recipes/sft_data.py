@@ -2,12 +2,13 @@
 
     python recipes/sft_data.py data/sft          # writes data/sft/train.jsonl and eval.jsonl
 
-Each line is `{"prompt": "Uppercase: thee", "response": "THEE"}`: a word of 3 to 7 lowercase
-letters and the same word in capitals. A model pretrained on plain text (tiny_gpt on tiny
-Shakespeare) has never seen the instruction, so its greedy answer is almost never exact; the
-answer is a copy at a fixed offset with each letter shifted, which a small model learns in a few
-hundred steps. The held-out words are disjoint from the training ones (other operands, not other
-wording), so an exact answer there is the skill, not a memorized line.
+Each line is `{"prompt": "Uppercase: thee", "response": "THEE"}`: a word of 3 to 7 random
+lowercase letters and the same word in capitals. A model pretrained on plain text (tiny_gpt on
+tiny Shakespeare) has never seen the instruction, so its greedy answer is never exact (0 of 200);
+the answer copies the word's letters in order, each mapped to its capital, which tiny_gpt learns
+in 1,000 steps (LoRA: 64% exact; full fine-tuning: 100%; docs/fine-tuning.md). The held-out
+words are disjoint from the training ones (other operands, not other wording), so an exact
+answer there is the skill, not a memorized line.
 
 The words are drawn from a fixed seed: the same command writes the same files everywhere.
 """
