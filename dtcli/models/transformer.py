@@ -32,6 +32,17 @@ mlp_hidden defaults to mlp_ratio * d_model, head_dim is d_model // heads:
 (.bias and .beta with bias: true.) With vocab_size set below model_vocab, a `vocab_mask` layer
 after the head sets the logits of the ids past it to -inf.
 
+LoRA (`lora:`, models/lora.py): each kernel PATH.kernel that lora.targets finds gets PATH.lora_a
+[its input dims..., r] and PATH.lora_b [r, its output dims...], listed right after the kernel,
+trainable and float32, while every other weight is frozen (bfloat16 with base_precision bf16):
+
+    block_i.mlp.fc.lora_a [d_model, r]   .lora_b [r, mlp_hidden]  (gate, proj, head: likewise)
+    block_i.attention.query.lora_a [d_model, r]   .lora_b [r, heads, head_dim]  (key, value)
+    block_i.attention.proj.lora_a [heads, head_dim, r]   .lora_b [r, d_model]
+
+The layer's output is base(x) + lora.alpha / r * ((dropout(x) . A) . B); W + alpha / r * A . B
+(A's r contracted with B's) is the merged kernel.
+
 Tensor parallel (Megatron): shard the attention heads (dim 1 of query/key/value, dim 0 of
 attention.proj) and the MLP's hidden dim (dim 1 of fc, dim 0 of proj) on one mesh axis; each
 block then all-reduces twice per pass. Heads are an explicit dim of the attention kernels, so a
@@ -64,12 +75,14 @@ def build(
     vocab: int,
     compute: Any = None,
     example_shape: tuple[int, ...] | None = None,
+    adapters: Any = None,
 ) -> Any:
     """The GPT as a Functional tf_keras.Model: int tokens [batch, context] (or a packed window
     [batch, 3, context]) -> logits [batch, context, vocab]. `vocab`: the tables' rows
     (model_vocab). `compute` (models.compute.Compute): how its layers read their weights (FSDP
     gather, bf16); default float32, no gather. `example_shape`: one example as the data gives
-    it, (context,) or packed (3, context); default (model.transformer.context,)."""
+    it, (context,) or packed (3, context); default (model.transformer.context,). `adapters`:
+    LoRA's, by kernel path (models.lora.adapters); none by default."""
     import tf_keras
 
     # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
@@ -78,6 +91,7 @@ def build(
 
     c = compute or g.FLOAT32
     shape = tuple(example_shape or (cfg.context,))
+    adapters = adapters or g.NO_ADAPTERS
     token_embedding = g.Embedding(cfg, vocab, "token_embedding", c)
     window = tf_keras.Input(shape, dtype="int32", name="tokens")
     # Packed: each block's attention mask and the positions, made once from the window.
@@ -91,12 +105,12 @@ def build(
         x = g.PositionEmbedding(cfg, "position_embedding", c)(x, **at)
     x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
     for i in range(cfg.layers):
-        x = g.Block(cfg, f"block_{i}", c)(x, **packing)
+        x = g.Block(cfg, f"block_{i}", c, adapters)(x, **packing)
     x = norm_layer(cfg, "ln_f", c)(x)
     if cfg.tie_embeddings:
         logits = g.TiedHead(token_embedding, "head", c)(x)
     else:
-        logits = g.Dense(vocab, False, g.STD, "head", c)(x)
+        logits = g.Dense(vocab, False, g.STD, "head", c, adapters.get("head.kernel"))(x)
     if masks_vocab(cfg, vocab):
         logits = g.VocabMask(cfg.vocab_size, "vocab_mask")(logits)
     return tf_keras.Model(window, logits, name="gpt")

@@ -6,7 +6,8 @@ This package never imports TensorFlow.
 
 configs     the keys: the frozen dataclasses and their defaults
 typed       YAML -> dataclasses, type by type, and the JSON schema
-checks      checks between keys, one function per section (data_checks: the data section)
+checks      checks between keys, one function per section (data_checks: the data section,
+            lora_checks: the lora section)
 batches     the batches a command steps through, against the mesh's data axis
 files       reading a file: unique keys, `base:`, ${NAME}
 overrides   the command line's --set/--mesh/--devices/--epochs
@@ -34,6 +35,7 @@ from dtcli.recipe.configs import (
     TEXT_SOURCES,
     DataConfig,
     LayoutConfig,
+    LoraConfig,
     ModelConfig,
     OptimizerConfig,
     Recipe,
@@ -56,6 +58,7 @@ __all__ = [
     "UNSHARDED",
     "DataConfig",
     "LayoutConfig",
+    "LoraConfig",
     "ModelConfig",
     "OptimizerConfig",
     "NO_OVERRIDES",
