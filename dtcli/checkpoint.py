@@ -98,7 +98,8 @@ def looks_like_checkpoint(path: Path) -> bool:
     return path.is_dir() and ((path / META).exists() or bool(_NAME.match(path.name)))
 
 
-def _digest(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """A file's SHA-256 (hex), read in blocks of 1 MiB."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -108,7 +109,7 @@ def _digest(path: Path) -> str:
 
 def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
     return {
-        p.name: {"size": p.stat().st_size, "sha256": _digest(p)}
+        p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)}
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name != META
     }
@@ -174,7 +175,7 @@ def verify(checkpoint: Path) -> dict[str, Any]:
             raise DamagedCheckpoint(
                 checkpoint, f"{name} has {size} bytes, {want.get('size')} were written"
             )
-        if _digest(path) != want.get("sha256"):
+        if sha256_of(path) != want.get("sha256"):
             raise DamagedCheckpoint(checkpoint, f"{name} does not match its checksum")
     return meta
 

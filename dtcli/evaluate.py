@@ -101,8 +101,7 @@ def evaluate_checkpoint(
         tokenizer_file=tokenizer_file(checkpoint),
         command="eval",
     )
-    ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, 1)
-    ckpt.restore(held, session.model.weights, partial=True)
+    session_lib.restore_model(session, held)
     meta = ckpt_lib.read_meta(held)
     _, eval_step = steps_lib.make_steps(session)
     feed = session.eval_feed

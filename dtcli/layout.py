@@ -19,6 +19,15 @@ class WeightInfo:
     shape: tuple[int, ...]
     layer: str = ""  # the layer class that owns it ("Dense", "Conv2D"), for rule checks
     trainable: bool = True
+    # How it is stored: float32, or bfloat16 (a LoRA run's frozen base, lora.base_precision).
+    dtype: str = "float32"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.dtype]
+
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -46,8 +55,9 @@ class WeightPlan:
             d if s == UNSHARDED else d // axes[s] for d, s in zip(self.stored_shape, self.spec)
         )
 
-    def bytes_per_device(self, axes: dict[str, int], itemsize: int = 4) -> int:
-        return math.prod(self.shard_shape(axes)) * itemsize
+    def bytes_per_device(self, axes: dict[str, int], itemsize: int | None = None) -> int:
+        """The bytes of its shard on one device, in its own dtype (or `itemsize` bytes each)."""
+        return math.prod(self.shard_shape(axes)) * (itemsize or self.weight.itemsize)
 
 
 def match_rule(rules: dict[str, list[str]], path: str) -> str | None:

@@ -4,7 +4,8 @@ and activations, and whether their sum fits a budget (`--memory`, or the device'
 Weights, gradients and optimizer state are exact: the bytes of the local shards a run allocates
 on each device (tests unpack the live variables and compare them byte for byte):
 - weights: every weight's shard (its plan's shard shape), float32 (master weights stay float32
-  under `train.precision: bf16`);
+  under `train.precision: bf16`); a LoRA run's frozen base counted apart (`frozen`), in bfloat16
+  under `lora.base_precision: bf16`;
 - gradients: one float32 gradient per trainable weight, with the weight's layout; with
   `train.accumulate` > 1 two (the running sum of the micro-batches' gradients, which the step
   carries with each weight's layout, and the current micro-batch's);
@@ -47,10 +48,16 @@ ITEMS = {
 class Memory:
     """Bytes on one device (the largest: every device holds the same shard sizes)."""
 
-    weights: int
+    weights: int  # every weight: trainable and frozen
     gradients: int
     optimizer: int
     activations: activations_lib.Activations
+    frozen: int = 0  # of `weights`, those not trained (a LoRA run's base)
+
+    @property
+    def trainable(self) -> int:
+        """The trainable weights' bytes (a LoRA run's adapters)."""
+        return self.weights - self.frozen
 
     @property
     def total(self) -> int:
@@ -80,13 +87,14 @@ def estimate(
     num_classes: int,
 ) -> Memory:
     """Per-device bytes of a recipe whose weights are laid out as `plans` on a mesh of `axes`."""
-    weights = sum(p.bytes_per_device(axes, FLOAT32) for p in plans)
+    frozen = sum(p.bytes_per_device(axes) for p in plans if not p.weight.trainable)
+    # Gradients and slots are float32 whatever a weight is stored in (trainable ones are).
     trainable = sum(p.bytes_per_device(axes, FLOAT32) for p in plans if p.weight.trainable)
     gradients = trainable * (2 if recipe.train.accumulate > 1 else 1)
     optimizer = optimizers.slots(recipe.optimizer) * trainable
     optimizer += optimizers.scalar_bytes(recipe.model.api)
     acts = activations_lib.estimate(recipe, plans, axes, input_shape, num_classes)
-    return Memory(weights, gradients, optimizer, acts)
+    return Memory(trainable + frozen, gradients, optimizer, acts, frozen)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,22 @@ def from_hf_recipe(model: str, data: str = ""):
     return setup
 
 
+def lora_recipe(lora: str, model: str = "context: 8"):
+    """A tiny GPT-2 folder at {tmp}/hf and a LoRA recipe r.yaml on it (model.from_hf), `lora`
+    its lora mapping's keys, `model` its model.transformer's."""
+
+    def setup(tmp: Path) -> None:
+        hf_folder()(tmp)
+        (tmp / "r.yaml").write_text(
+            "task: language_model\ndevices: 'cpu:8'\nmesh: {batch: 8}\n"
+            f"model: {{from_hf: hf, transformer: {{{model}}}}}\n"
+            f"lora: {{{lora}}}\n"
+            "data: {source: text, batch_size: 8}\n"
+        )
+
+    return setup
+
+
 def file_at(name: str, text: str | bytes = "x"):
     def setup(tmp: Path) -> None:
         path = tmp / name
@@ -1288,6 +1304,106 @@ CASES: dict[str, Case] = {
         setup=lambda tmp: (tmp / "r.yaml").write_text(
             "task: language_model\nmodel: {from_hf: nowhere}\ndata: {source: text}\n"
         ),
+    ),
+    # ---- lora (the same folder as its base)
+    "lora targets nothing": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.targets': 'nothing' finds none of the model's weights; the "
+        "kernels are block_0.attention.key.kernel, block_0.attention.proj.kernel, "
+        "block_0.attention.query.kernel, block_0.attention.value.kernel, block_0.mlp.fc.kernel, "
+        "block_0.mlp.proj.kernel",
+        setup=lora_recipe("targets: nothing"),
+    ),
+    "lora targets biases norms embeddings": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.targets': 'bias$|ln_|embedding' finds only "
+        "token_embedding.embeddings, position_embedding.embeddings, block_0.attention.key.bias",
+        setup=lora_recipe("targets: 'bias$|ln_|embedding'"),
+    ),
+    "lora rank past a kernel": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.rank': 32 is larger than the input size 16 (dims [16]) of "
+        "weight 'block_0.attention.query.kernel'; use a rank of at most 16",
+        setup=lora_recipe("rank: 32"),
+    ),
+    "lora rank 0": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.rank': expected an integer >= 1, got 0",
+        setup=lora_recipe("rank: 0"),
+    ),
+    "lora targets no regex": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.targets': not a valid regex",
+        setup=lora_recipe("targets: '('"),
+    ),
+    "lora without a base": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora': LoRA trains adapters on a base model, and this recipe has none",
+        setup=recipe_text(
+            "task: language_model\nmodel: {transformer: {layers: 1}}\nlora: {rank: 2}\n"
+            "data: {source: text}\n"
+        ),
+    ),
+    "lora dropout with remat": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.dropout': recomputing a block (model.transformer.remat)",
+        setup=lora_recipe("dropout: 0.1", "context: 8, remat: true"),
+    ),
+    # ---- model.from_run ({run}: the quickstart's classifier)
+    "from_run no run": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_run' 'nowhere': no such file or folder",
+        setup=recipe_text("model: {from_run: nowhere}\n"),
+    ),
+    "from_run not a path": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_run': expected a run directory or a checkpoint folder "
+        "(a string), got 3",
+        setup=recipe_text("model: {from_run: 3}\n"),
+    ),
+    "from_run no complete checkpoint": c(
+        "train",
+        "{q}",
+        "--set",
+        "model.from_run={run}",
+        expect="recipe key 'model.from_run' '{run}': neither a checkpoint nor a run directory "
+        "with a complete checkpoint",
+        damage=no_checkpoints,
+    ),
+    "from_run damaged checkpoint": c(
+        "train",
+        "{q}",
+        "--set",
+        "model.from_run={ckpt}",
+        expect="recipe key 'model.from_run': checkpoint {ckpt} is damaged: ",
+        damage=DAMAGES["truncated data"],
+    ),
+    "from_run classifier as a GPT": c(
+        "train",
+        "{r}",
+        "--set",
+        "model.from_run={run}",
+        expect="recipe key 'model.transformer': {'layers': 2} contradicts model.from_run "
+        "'{run}', whose recipe makes it null",
+        setup=recipe_text(
+            "task: language_model\nmodel: {transformer: {layers: 2}}\ndata: {source: text}\n"
+        ),
+    ),
+    "from_run and from_hf": c(
+        "train",
+        "{r}",
+        expect="recipe key 'model.from_run': the model starts from a dtcli run's checkpoint, and "
+        "model.from_hf from a Hugging Face folder; give one of them",
+        setup=recipe_text("task: language_model\nmodel: {from_run: run, from_hf: hf}\n"),
     ),
     "export out in /proc": c("export", "{run}", "--out", "/proc/dtcli-sm", expect="--out"),
     "export out the run": c("export", "{run}", "--out", "{run}", expect="--out"),

@@ -26,6 +26,7 @@ from dtcli import devices as devices_lib
 from dtcli import mesh as mesh_lib
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
+from dtcli import rundir
 from dtcli.autoplan import report as report_lib
 from dtcli.autoplan import search
 from dtcli.errors import UsageError
@@ -131,7 +132,7 @@ def run(
     from dtcli.autoplan import calibrate
 
     err = progress_lib.stderr_console()
-    raw = recipe_lib.read_with_overrides(recipe_path, overrides)
+    raw = recipe_lib.read_with_overrides(recipe_path, overrides, rundir.resolve_from_run)
     base = recipe_lib.from_mapping(raw)
     devices = devices_lib.configure(
         base.devices, mesh_lib.device_count_for(base.mesh), devices_lib.key_for(overrides.devices)

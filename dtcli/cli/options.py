@@ -84,6 +84,15 @@ def overrides(
     return Overrides(tuple(sets or ()), mesh, devices, epochs)
 
 
+def user_recipe(path: str, given: Any) -> Any:
+    """A recipe file the user gives (not a run's own), with the overrides `given`, loaded as
+    `train` loads it: model.from_run filled in from its run's checkpoint."""
+    from dtcli import recipe as recipe_lib
+    from dtcli.rundir import resolve_from_run
+
+    return recipe_lib.load(path, given, from_run=resolve_from_run)
+
+
 def console() -> Any:
     """A rich console on stdout that leaves a closed pipe (`dtcli plan ... | head -3`) to run()
     as a BrokenPipeError: rich's own answer is exit 1."""

@@ -14,6 +14,7 @@ from dtcli.cli.options import (
     SetOption,
     console,
     overrides,
+    user_recipe,
 )
 from dtcli.errors import UsageError
 
@@ -53,7 +54,6 @@ def plan(
     from dtcli import devices as devices_lib
     from dtcli import memory as memory_lib
     from dtcli import plan as plan_lib
-    from dtcli import recipe as recipe_lib
     from dtcli.published import is_model_folder
 
     budget = memory_lib.budget_from_args(memory)
@@ -69,7 +69,7 @@ def plan(
         given = overrides(sets, mesh, devices)
         report = plan_lib.published_report(recipe, given, budget, devices_lib.key_for(devices))
     else:
-        loaded = recipe_lib.load(recipe, overrides(sets, mesh, devices))
+        loaded = user_recipe(recipe, overrides(sets, mesh, devices))
         report = plan_lib.make_report(loaded, budget, devices_lib.key_for(devices))
     if as_json:
         import json
@@ -97,7 +97,7 @@ def config(
     if recipe is None and not schema:
         raise UsageError("RECIPE: give a recipe file (or --schema)")
     if recipe is not None:  # with --schema too: the recipe is checked against it first
-        loaded = recipe_lib.load(recipe, overrides(sets, mesh, devices))
+        loaded = user_recipe(recipe, overrides(sets, mesh, devices))
         recipe_lib.check_mesh_on_devices(loaded)  # as train does, before any device exists
     elif sets or mesh or devices:
         raise UsageError("--set, --mesh and --devices need a RECIPE")

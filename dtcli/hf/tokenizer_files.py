@@ -58,7 +58,7 @@ def copy_in(folder: Path, run: Path) -> None:
 def carried(folder: Path) -> dict[str, bytes]:
     """The files a run keeps under RUN_DIR/hf/ from a model folder, by name: those it has of
     CARRIED and its config.json."""
-    paths = (Path(folder) / name for name in (*CARRIED, SOURCE_CONFIG))
+    paths = (storage.as_path(folder) / name for name in (*CARRIED, SOURCE_CONFIG))
     return {p.name: p.read_bytes() for p in paths if p.is_file()}
 
 

@@ -23,8 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from dtcli.layout import WeightPlan, apply_fsdp, check_fsdp_layers, plan_weights, replicated
-from dtcli.models import core, keras, transformer
+from dtcli.layout import (
+    WeightInfo,
+    WeightPlan,
+    apply_fsdp,
+    check_fsdp_layers,
+    plan_weights,
+    replicated,
+)
+from dtcli.models import core, keras, lora, transformer
 from dtcli.models.base import Built
 from dtcli.models.compute import Compute
 from dtcli.models.keras import check_output
@@ -62,14 +69,25 @@ def weight_plans(
 ) -> tuple[list[WeightPlan], dict]:
     """Weights of the model and where each lives; Keras initial values come with them.
     `values=False`: the plans alone (no initial values), dtcli's transformer described by
-    arithmetic, so that no TensorFlow model is built (a memory plan before a run)."""
+    arithmetic, so that no TensorFlow model is built (a memory plan before a run). With
+    `lora`, the base weights frozen and the adapters laid out after their kernels'
+    plans (models.lora)."""
+    adapters = adapters_of(recipe, num_classes)
     if not values and recipe.model.transformer is not None:
         weights, initial = transformer.weights(recipe.model.transformer, num_classes), {}
+        if adapters:
+            weights = lora.with_adapters(weights, adapters, recipe.lora.base_precision)
     else:
         weights, initial = _kind(recipe.model).describe(
-            recipe.model, input_shape, num_classes, recipe.seed, recipe.task
+            recipe.model,
+            input_shape,
+            num_classes,
+            recipe.seed,
+            recipe.task,
+            base_compute(recipe),
+            adapters,
         )
-    plans = plan_weights(recipe.layouts.rules, weights, axes)
+    plans = _planned(recipe, weights, axes)
     data_axis = recipe.layouts.data_axis
     own = gathers_weights(recipe.model)
     if recipe.layouts.fsdp:
@@ -78,6 +96,24 @@ def weight_plans(
     if not own:
         check_fsdp_layers(plans, data_axis, axes)
     return plans, initial
+
+
+def _planned(recipe: Recipe, weights: list[WeightInfo], axes: dict[str, int]) -> list[WeightPlan]:
+    """The layout rules applied to the weights; LoRA's adapters where their kernels are."""
+
+    def by_rules(some: list[WeightInfo]) -> list[WeightPlan]:
+        return plan_weights(recipe.layouts.rules, some, axes)
+
+    return lora.with_adapter_plans(weights, by_rules) if recipe.lora else by_rules(weights)
+
+
+def adapters_of(recipe: Recipe, num_classes: int) -> dict[str, lora.Adapter]:
+    """The LoRA adapters of the recipe's GPT by kernel path (models.lora): its `lora.targets`
+    checked against the model's weights; none without `lora`."""
+    t = recipe.model.transformer
+    if recipe.lora is None or t is None:
+        return {}
+    return lora.adapters(recipe.lora, transformer.weights(t, num_classes))
 
 
 def gathers_weights(cfg: ModelConfig) -> bool:
@@ -106,25 +142,47 @@ def build(
         initial,
         recipe.seed,
         compute_of(recipe, plans),
+        adapters_of(recipe, num_classes),
     )
+
+
+def base_compute(recipe: Recipe) -> Compute:
+    """How the layers hold their base weights: trainable float32, or (LoRA) frozen and in
+    lora.base_precision's dtype."""
+    if recipe.lora is None:
+        return Compute()
+    return Compute(frozen=True, stored=lora.BASE_DTYPES[recipe.lora.base_precision])
 
 
 def compute_of(recipe: Recipe, plans: list[WeightPlan]) -> Compute:
     """How dtcli's own layers read their weights: gathered off the data axis where a plan
-    shards a weight on it (FSDP), in bfloat16 for the matmuls under train.precision bf16."""
+    shards a weight on it (FSDP), in bfloat16 for the matmuls under train.precision bf16;
+    a LoRA base frozen (`base_compute`)."""
     axis = recipe.layouts.data_axis
     fsdp = any(axis in p.spec for p in plans)
-    return Compute(axis if fsdp else None, recipe.train.precision == "bf16")
+    base = base_compute(recipe)
+    return Compute(
+        axis if fsdp else None, recipe.train.precision == "bf16", base.frozen, base.stored
+    )
 
 
-def build_plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
-    """The model with plain variables on one device (no mesh): for export."""
-    return _kind(cfg).plain(cfg, input_shape, num_classes)
+def build_plain(recipe: Recipe, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The model with plain variables on one device (no mesh), LoRA's adapters included: for
+    export."""
+    return _kind(recipe.model).plain(
+        recipe.model,
+        input_shape,
+        num_classes,
+        base_compute(recipe),
+        adapters_of(recipe, num_classes),
+    )
 
 
 def place(value: np.ndarray, variable: Any, mesh: Any) -> Any:
-    """A host value for `variable`, packed shard by shard onto its layout (each device gets
-    only its own shard; `mesh` None: the value as is)."""
+    """A host value for `variable` in its dtype (a LoRA base stored in bfloat16 is cast),
+    packed shard by shard onto its layout (each device gets only its own shard; `mesh` None:
+    the value as is)."""
+    value = np.asarray(value).astype(variable.dtype.as_numpy_dtype, copy=False)
     return value if mesh is None else keras.on_layout(value, variable.layout, mesh)
 
 

@@ -25,6 +25,18 @@ class Built:
     # A user's own model (`model.build`) may branch on tensors in Python, which only AutoGraph
     # turns into graph ops; dtcli's own layers never do.
     needs_autograph: bool = False
+    # What a checkpoint holds of the model (tf.train.Checkpoint's keyword arguments), where not
+    # the whole module: a LoRA model's adapters alone (models.lora.tracker), never its base.
+    saved: dict[str, Any] | None = None
+
+    def checkpointed(self) -> dict[str, Any]:
+        """The model's part of a checkpoint: {"model": module}, or {"lora": its adapters}."""
+        return self.saved or {"model": self.module}
+
+    @property
+    def adapters(self) -> dict[str, Any]:
+        """LoRA's adapters by path (none without LoRA)."""
+        return dict(self.saved["lora"].adapters) if self.saved else {}
 
 
 _KERAS_CALL = re.compile(r"Exception encountered when calling layer ['\"]([^'\"]*)['\"]")

@@ -13,6 +13,10 @@ bf16: weights and activations are cast to bfloat16 for the matmuls only (oneDNN 
 AMX where the CPU has it); each matmul's result comes back as float32, so the residual stream,
 LayerNorm, softmax, the loss, the master weights and the optimizer state stay float32. The cast
 comes before the gather: the all-gather then moves half the bytes.
+
+LoRA (models/lora.py): the base weights are frozen (`frozen`: made not trainable) and may be
+stored in bfloat16 (`stored`, lora.base_precision); such a weight is read back as float32 wherever
+float32 computes with it. Adapters are float32 and trainable like any weight without LoRA.
 """
 
 from __future__ import annotations
@@ -28,14 +32,26 @@ class Compute:
     # The mesh axis weights may be sharded on for FSDP (the data axis), or None.
     gather_axis: str | None = None
     bf16: bool = False
+    # LoRA: the base weights (every weight `add` makes) are frozen, and stored in this dtype.
+    frozen: bool = False
+    stored: str = "float32"
+
+    def add(self, layer: Any, name: str, shape: tuple[int, ...], initializer: Any) -> Any:
+        """A base weight of `layer` (tf-keras' add_weight): trainable and float32, or under
+        LoRA frozen and in the `stored` dtype."""
+        return layer.add_weight(
+            name, shape, initializer=initializer, dtype=self.stored, trainable=not self.frozen
+        )
 
     def weight(self, variable: Any, matmul: bool = True) -> Any:
-        """`variable`'s value in its compute layout; in bfloat16 where it feeds a bf16 matmul."""
+        """`variable`'s value in its compute layout; in bfloat16 where it feeds a bf16 matmul,
+        else in float32 (a LoRA base stored in bfloat16 is read as float32)."""
         import tensorflow as tf
 
         value = tf.convert_to_tensor(variable)
-        if matmul and self.bf16:
-            value = tf.cast(value, tf.bfloat16)
+        want = tf.bfloat16 if matmul and self.bf16 else tf.float32
+        if value.dtype != want:
+            value = tf.cast(value, want)
         return self.gather(variable, value)
 
     def gather(self, variable: Any, value: Any) -> Any:

@@ -77,8 +77,11 @@ def describe(
     num_classes: int,
     seed: int,
     task: str = "classify",
+    compute: Compute = FLOAT32,
+    adapters: Any = None,
 ) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
-    """The weights, and no initial values: `build` draws them from the seed on the mesh."""
+    """The weights, and no initial values: `build` draws them from the seed on the mesh.
+    (`compute` and `adapters` are LoRA's, which takes dtcli's GPT only: unused here.)"""
     return weights(cfg, input_shape, num_classes), {}
 
 
@@ -91,9 +94,10 @@ def build(
     initial: dict[str, np.ndarray],
     seed: int,
     compute: Compute = FLOAT32,
+    adapters: Any = None,
 ) -> Built:
     """The MLP's DVariables on the mesh, with the planned layouts, or plain variables on the
-    one device (mesh None: an XLA run). (`initial` is empty: see `describe`.)"""
+    one device (mesh None: an XLA run). (`initial` is empty: see `describe`; no `adapters`.)"""
     variables = {p.weight.path: _variable(p, mesh, seed) for p in plans}
     mlp = _core_module(cfg, variables, compute)
     return Built(
@@ -131,8 +135,14 @@ def _variable(plan: WeightPlan, mesh: Any, seed: int) -> Any:
     return padded.on_mesh(value, to_layout(plan.spec, mesh), plan.stored_shape, name)
 
 
-def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
-    """The MLP with plain variables on one device (no mesh): for export."""
+def plain(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    compute: Compute = FLOAT32,
+    adapters: Any = None,
+) -> Any:
+    """The MLP with plain variables on one device (no mesh): for export (no LoRA)."""
     import tensorflow as tf
 
     variables = {

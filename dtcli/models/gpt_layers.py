@@ -11,8 +11,9 @@ Every layer reads its weights through a `Compute` (models/compute.py): gathered 
 axis where FSDP shards them, cast to bfloat16 for the matmuls under `train.precision: bf16`. So
 the Dense, EinsumDense and LayerNormalization here are dtcli's own small layers (tf-keras'
 read their variables directly); they keep tf-keras' names, weight names and arithmetic, so
-checkpoints, layout rules and float32 numbers are the same as with the stock layers. The norms
-are in norms.py, rotary positions in rope.py.
+checkpoints, layout rules and float32 numbers are the same as with the stock layers. The Dense
+and EinsumDense (with LoRA's adapters beside their kernels) are in kernels.py, the norms in
+norms.py, rotary positions in rope.py.
 
 Generation's KV cache (models/decode.py) runs the same layers through their own methods:
 Attention.attend (the training attention, also giving its keys and values) and decode (one
@@ -23,6 +24,7 @@ training path: the same ops, so the same numbers bit for bit (float32 and bf16, 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,95 +32,19 @@ import tensorflow as tf
 import tf_keras
 
 from dtcli.models.compute import FLOAT32, Compute
+from dtcli.models.kernels import Dense, EinsumDense, normal
 from dtcli.models.norms import norm_layer
 from dtcli.models.rope import Rotary
 from dtcli.recipe import TransformerConfig
 
 STD = 0.02  # of the normal initializer
-
-
-def normal(stddev: float) -> Any:
-    return tf_keras.initializers.RandomNormal(stddev=stddev)
+# No LoRA adapters (models.lora): the layers' `adapters` by kernel path.
+NO_ADAPTERS: Mapping[str, Any] = {}
 
 
 def residual_std(cfg: TransformerConfig) -> float:
     """The initial stddev of the projections into the residual stream."""
     return STD / math.sqrt(2 * cfg.layers)
-
-
-class Dense(tf_keras.layers.Layer):
-    """x [..., d_in] @ kernel [d_in, units] (+ bias), as tf-keras' Dense computes it."""
-
-    def __init__(
-        self, units: int, bias: bool, stddev: float, name: str, compute: Compute = FLOAT32
-    ):
-        super().__init__(name=name)
-        self.units, self.use_bias, self.stddev, self.compute = units, bias, stddev, compute
-
-    def build(self, input_shape: Any) -> None:
-        shape = (int(input_shape[-1]), self.units)
-        self.kernel = self.add_weight("kernel", shape, initializer=normal(self.stddev))
-        self.bias = (
-            self.add_weight("bias", (self.units,), initializer="zeros") if self.use_bias else None
-        )
-
-    def call(self, x: Any) -> Any:
-        c = self.compute
-        y = c.result(
-            tf.tensordot(c.activation(x), c.weight(self.kernel), [[len(x.shape) - 1], [0]])
-        )
-        return y if self.bias is None else y + c.weight(self.bias, matmul=False)
-
-
-class EinsumDense(tf_keras.layers.Layer):
-    """tf-keras' EinsumDense for the attention projections: `equation` over the input and a
-    kernel of `kernel_shape` (+ a bias of `bias_shape`)."""
-
-    def __init__(
-        self,
-        equation: str,
-        kernel_shape: tuple[int, ...],
-        bias_shape: tuple[int, ...] | None,
-        stddev: float,
-        name: str,
-        compute: Compute = FLOAT32,
-    ):
-        super().__init__(name=name)
-        self.equation, self.compute = equation, compute
-        self.kernel_shape, self.bias_shape, self.stddev = kernel_shape, bias_shape, stddev
-
-    def build(self, input_shape: Any) -> None:
-        self.kernel = self.add_weight("kernel", self.kernel_shape, initializer=normal(self.stddev))
-        self.bias = None
-        if self.bias_shape is not None:
-            self.bias = self.add_weight("bias", self.bias_shape, initializer="zeros")
-
-    def call(self, x: Any) -> Any:
-        c = self.compute
-        kernel = c.weight(self.kernel)
-        if c.bf16:
-            y = c.result(_as_matmul(self.equation, c.activation(x), kernel))
-        else:
-            y = tf.einsum(self.equation, x, kernel)
-        return y if self.bias is None else y + c.weight(self.bias, matmul=False)
-
-
-def _as_matmul(equation: str, x: Any, kernel: Any) -> Any:
-    """The attention projections' einsums as one 2-D-kernel matmul (a tensordot over merged
-    dims): a bfloat16 einsum runs on a generic CPU kernel, measured 7x slower than float32 on an
-    AVX2 CPU, where a bfloat16 matmul runs at float32's speed. (float32 keeps the einsum: its
-    numbers stay bit-identical to tf-keras' EinsumDense.) Merging a sharded dim with the dims
-    after it keeps its sharding, so tensor-parallel heads stay split."""
-    shape = kernel.shape
-    if equation == "btd,dhk->bthk":
-        flat = tf.reshape(kernel, [shape[0], shape[1] * shape[2]])
-        y = tf.tensordot(x, flat, [[2], [0]])
-        return tf.reshape(y, [-1, x.shape[1], shape[1], shape[2]])
-    if equation == "bthk,hkd->btd":
-        flat = tf.reshape(kernel, [shape[0] * shape[1], shape[2]])
-        merged = tf.reshape(x, [-1, x.shape[1], shape[0] * shape[1]])
-        return tf.tensordot(merged, flat, [[2], [0]])
-    return tf.einsum(equation, x, kernel)
 
 
 class Embedding(tf_keras.layers.Layer):
@@ -129,8 +55,8 @@ class Embedding(tf_keras.layers.Layer):
         self.compute = compute
 
     def build(self, input_shape: Any) -> None:
-        self.embeddings = self.add_weight(
-            "embeddings", (self.rows, self.d_model), initializer=normal(STD)
+        self.embeddings = self.compute.add(
+            self, "embeddings", (self.rows, self.d_model), normal(STD)
         )
 
     def table(self, matmul: bool = False) -> Any:
@@ -155,8 +81,8 @@ class PositionEmbedding(tf_keras.layers.Layer):
         self.compute = compute
 
     def build(self, input_shape: Any) -> None:
-        self.embeddings = self.add_weight(
-            "embeddings", (self.rows, self.d_model), initializer=normal(STD)
+        self.embeddings = self.compute.add(
+            self, "embeddings", (self.rows, self.d_model), normal(STD)
         )
 
     def call(self, x: Any) -> Any:
@@ -176,9 +102,17 @@ class PositionEmbedding(tf_keras.layers.Layer):
 
 class Attention(tf_keras.layers.Layer):
     """Causal self-attention; key/value with kv_heads heads (grouped-query attention: query
-    head i reads key/value head i // (heads // kv_heads), Hugging Face's repeat_kv order)."""
+    head i reads key/value head i // (heads // kv_heads), Hugging Face's repeat_kv order).
+    `adapters`: LoRA's by kernel path (models.lora), the layer at `path` in the model."""
 
-    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        name: str,
+        compute: Compute = FLOAT32,
+        adapters: Mapping[str, Any] = NO_ADAPTERS,
+        path: str = "",
+    ):
         super().__init__(name=name)
         self.head_dim = cfg.head_dim
         self.groups = cfg.heads // cfg.key_heads
@@ -186,7 +120,9 @@ class Attention(tf_keras.layers.Layer):
         for part, heads in (("query", cfg.heads), ("key", cfg.key_heads), ("value", cfg.key_heads)):
             kernel = (cfg.d_model, heads, self.head_dim)
             bias = (heads, self.head_dim) if cfg.bias else None
-            setattr(self, part, EinsumDense("btd,dhk->bthk", kernel, bias, STD, part, compute))
+            adapter = adapters.get(f"{path}.{part}.kernel")
+            projection = EinsumDense("btd,dhk->bthk", kernel, bias, STD, part, compute, adapter)
+            setattr(self, part, projection)
         self.proj = EinsumDense(
             "bthk,hkd->btd",
             (cfg.heads, self.head_dim, cfg.d_model),
@@ -194,6 +130,7 @@ class Attention(tf_keras.layers.Layer):
             residual_std(cfg),
             "proj",
             compute,
+            adapters.get(f"{path}.proj.kernel"),
         )
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
         self.rotary = Rotary(cfg) if cfg.positions == "rope" else None
@@ -261,14 +198,27 @@ class Attention(tf_keras.layers.Layer):
 class MLP(tf_keras.layers.Layer):
     """gelu / gelu_tanh: proj(act(fc(x))); swiglu: proj(silu(gate(x)) * fc(x))."""
 
-    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        name: str,
+        compute: Compute = FLOAT32,
+        adapters: Mapping[str, Any] = NO_ADAPTERS,
+        path: str = "",
+    ):
         super().__init__(name=name)
-        self.fc = Dense(cfg.hidden, cfg.bias, STD, "fc", compute)
+
+        def dense(units: int, stddev: float, part: str) -> Dense:
+            return Dense(
+                units, cfg.bias, stddev, part, compute, adapters.get(f"{path}.{part}.kernel")
+            )
+
+        self.fc = dense(cfg.hidden, STD, "fc")
         self.gate = None
         if cfg.activation == "swiglu":
-            self.gate = Dense(cfg.hidden, cfg.bias, STD, "gate", compute)
+            self.gate = dense(cfg.hidden, STD, "gate")
         self.approximate = cfg.activation == "gelu_tanh"
-        self.proj = Dense(cfg.d_model, cfg.bias, residual_std(cfg), "proj", compute)
+        self.proj = dense(cfg.d_model, residual_std(cfg), "proj")
 
     def call(self, x: Any) -> Any:
         if self.gate is not None:
@@ -281,14 +231,21 @@ class MLP(tf_keras.layers.Layer):
 
 class Block(tf_keras.layers.Layer):
     """A pre-LayerNorm block. With `remat` its forward pass runs again in the backward pass
-    (tf.recompute_grad) instead of keeping its activations: only its input is kept."""
+    (tf.recompute_grad) instead of keeping its activations: only its input is kept.
+    `adapters`: LoRA's by kernel path (models.lora)."""
 
-    def __init__(self, cfg: TransformerConfig, name: str, compute: Compute = FLOAT32):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        name: str,
+        compute: Compute = FLOAT32,
+        adapters: Mapping[str, Any] = NO_ADAPTERS,
+    ):
         super().__init__(name=name)
         self.ln_1 = norm_layer(cfg, "ln_1", compute)
-        self.attention = Attention(cfg, "attention", compute)
+        self.attention = Attention(cfg, "attention", compute, adapters, f"{name}.attention")
         self.ln_2 = norm_layer(cfg, "ln_2", compute)
-        self.mlp = MLP(cfg, "mlp", compute)
+        self.mlp = MLP(cfg, "mlp", compute, adapters, f"{name}.mlp")
         self.dropout = tf_keras.layers.Dropout(cfg.dropout)
         self.remat = cfg.remat
 
@@ -330,7 +287,7 @@ class TiedHead(tf_keras.layers.Layer):
     def call(self, x: Any) -> Any:
         c = self.compute
         table = self.embedding.table(True)
-        if c.bf16:  # a bfloat16 einsum is slow on CPUs (_as_matmul); the same as a matmul
+        if c.bf16:  # a bfloat16 einsum is slow on CPUs (kernels.py); the same as a matmul
             return c.result(tf.tensordot(c.activation(x), table, [[2], [1]]))
         return tf.einsum("btd,vd->btv", x, table)
 

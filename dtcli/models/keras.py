@@ -122,8 +122,11 @@ def describe(
     num_classes: int,
     seed: int,
     task: str = "classify",
+    compute: Any = None,
+    adapters: Any = None,
 ) -> tuple[list[WeightInfo], dict[str, np.ndarray]]:
-    """Build the model once on the host: its weights and (seeded) initial values.
+    """Build the model once on the host: its weights and (seeded) initial values. `compute`
+    and `adapters`: a LoRA GPT's frozen base and adapters (models.lora).
 
     The model is called once on zeros, so a model that does not fit the data (its output is not
     (batch, num_classes) logits) is refused here, before anything trains."""
@@ -132,7 +135,7 @@ def describe(
 
     tf_keras.utils.set_random_seed(seed)
     with tf.device("/CPU:0"):
-        model = make_model(cfg, input_shape, num_classes)
+        model = make_model(cfg, input_shape, num_classes, compute, adapters)
         x = tf.zeros((1, *input_shape))
         output = _ensure_built(model, input_shape, x)
         if output is None:
@@ -147,7 +150,7 @@ def describe(
                 f"recipe key '{key}': weight '{path}' has shape {list(shape)}, with a dim of "
                 "size 0 (a layer with 0 units or filters?)"
             )
-        infos.append(WeightInfo(path, shape, owner, var.trainable))
+        infos.append(WeightInfo(path, shape, owner, var.trainable, var.dtype.name))
         values[path] = var.numpy()
     return infos, values
 
@@ -161,20 +164,25 @@ def build(
     initial: dict[str, np.ndarray] | None,
     seed: int,
     compute: Any = None,
+    adapters: Any = None,
 ) -> Built:
     """The model on `mesh` with the planned layouts, or with plain variables on the one device
     (mesh None: an XLA run), starting from `initial` either way (None: the caller assigns every
-    weight itself, as an import of published weights does, tensor by tensor)."""
+    weight itself, as an import of published weights does, tensor by tensor). `adapters`:
+    LoRA's (models.lora), whose checkpoints hold them alone (`Built.saved`)."""
     import tensorflow as tf
     import tf_keras
 
+    from dtcli.models import lora
+
     tf_keras.utils.set_random_seed(seed)
-    model = _on_mesh(cfg, input_shape, num_classes, mesh, plans, compute)
+    model = _on_mesh(cfg, input_shape, num_classes, mesh, plans, compute, adapters)
     variables = keras_variables(model)
     if [p for p, _, _ in variables] != [p.weight.path for p in plans]:
         raise RuntimeError("the model built on the mesh has other weights than the host model")
     for path, var, _ in variables if initial is not None else ():
         var.assign(initial[path] if mesh is None else on_layout(initial[path], var.layout, mesh))
+    by_path = {path: var for path, var, _ in variables}
 
     def regularization() -> Any:
         return tf.add_n(model.losses) if model.losses else None
@@ -185,9 +193,10 @@ def build(
         regularization=regularization if model.losses else None,
         trainable_variables=list(model.trainable_variables),
         weights=[p.weight for p in plans],
-        variables={path: var for path, var, _ in variables},
+        variables=by_path,
         api="keras",
         needs_autograph=cfg.build is not None,  # (the transformer is dtcli's: no branches)
+        saved={"lora": lora.tracker(by_path)} if adapters else None,
     )
 
 
@@ -198,6 +207,7 @@ def _on_mesh(
     mesh: Any,
     plans: list[WeightPlan],
     compute: Any,
+    adapters: Any,
 ) -> Any:
     """The model built (its variables made) under a LayoutMap of the plans, or plainly."""
     import tensorflow as tf
@@ -205,7 +215,7 @@ def _on_mesh(
     from tensorflow.experimental import dtensor
 
     if mesh is None:
-        model = make_model(cfg, input_shape, num_classes, compute)
+        model = make_model(cfg, input_shape, num_classes, compute, adapters)
         _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
         return model
     layout_map = tf_keras.dtensor.experimental.LayoutMap(mesh=mesh)
@@ -213,17 +223,24 @@ def _on_mesh(
         # Exact paths: LayoutMap tries an exact key before regexes, so the map is the plan.
         layout_map[plan.weight.path] = to_layout(plan.spec, mesh)
     with layout_map.scope():
-        model = make_model(cfg, input_shape, num_classes, compute)
+        model = make_model(cfg, input_shape, num_classes, compute, adapters)
     x = dtensor.copy_to_mesh(tf.zeros((1, *input_shape)), replicated(mesh, 1 + len(input_shape)))
     _ensure_built(model, input_shape, x)
     return model
 
 
-def plain(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> Any:
-    """The model with plain variables on one device (no mesh): for export."""
+def plain(
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    compute: Any = None,
+    adapters: Any = None,
+) -> Any:
+    """The model with plain variables on one device (no mesh): for export. `compute` and
+    `adapters`: a LoRA GPT's frozen base and adapters."""
     import tensorflow as tf
 
-    model = make_model(cfg, input_shape, num_classes)
+    model = make_model(cfg, input_shape, num_classes, compute, adapters)
     _ensure_built(model, input_shape, tf.zeros((1, *input_shape)))
     return model
 

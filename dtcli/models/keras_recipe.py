@@ -85,11 +85,16 @@ def _activation_hint(activation: Any) -> str:
 
 
 def make_model(
-    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, compute: Any = None
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    compute: Any = None,
+    adapters: Any = None,
 ) -> Any:
     """The Keras model of the recipe: its `model.build` function's, dtcli's transformer, or the
     layer list as a Sequential (recipe checks allow exactly one). `compute`: how the
-    transformer's layers read their weights (models.compute)."""
+    transformer's layers read their weights (models.compute); `adapters`: its LoRA adapters
+    by kernel path (models.lora)."""
     import tf_keras
 
     tf_keras.backend.reset_uids()
@@ -100,7 +105,7 @@ def make_model(
     if cfg.transformer is not None:
         from dtcli.models import transformer
 
-        return transformer.build(cfg.transformer, num_classes, compute)
+        return transformer.build(cfg.transformer, num_classes, compute, adapters)
     return _sequential(cfg, input_shape)
 
 

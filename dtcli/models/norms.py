@@ -25,8 +25,8 @@ class LayerNormalization(tf_keras.layers.Layer):
 
     def build(self, input_shape: Any) -> None:
         dim = (int(input_shape[-1]),)
-        self.gamma = self.add_weight("gamma", dim, initializer="ones")
-        self.beta = self.add_weight("beta", dim, initializer="zeros") if self.center else None
+        self.gamma = self.compute.add(self, "gamma", dim, "ones")
+        self.beta = self.compute.add(self, "beta", dim, "zeros") if self.center else None
 
     def call(self, x: Any) -> Any:
         mean, variance = tf.nn.moments(x, [len(x.shape) - 1], keepdims=True)
@@ -51,7 +51,7 @@ class RMSNormalization(tf_keras.layers.Layer):
         self.compute = compute
 
     def build(self, input_shape: Any) -> None:
-        self.gamma = self.add_weight("gamma", (int(input_shape[-1]),), initializer="ones")
+        self.gamma = self.compute.add(self, "gamma", (int(input_shape[-1]),), "ones")
 
     def call(self, x: Any) -> Any:
         mean_square = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)

@@ -52,11 +52,12 @@ from dtcli.mesh import UNSHARDED
 from dtcli.recipe import TransformerConfig
 
 
-def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
+def build(cfg: TransformerConfig, vocab: int, compute: Any = None, adapters: Any = None) -> Any:
     """The GPT as a Functional tf_keras.Model: int tokens [batch, context] -> logits
     [batch, context, vocab]. `vocab`: the tables' rows (model_vocab). `compute`
     (models.compute.Compute): how its layers read their weights (FSDP gather, bf16); default
-    float32, no gather."""
+    float32, no gather. `adapters`: LoRA's, by kernel path (models.lora.adapters); none
+    by default."""
     import tf_keras
 
     # Imported here, not at the top: the layers import TensorFlow (plan and config do not).
@@ -64,6 +65,7 @@ def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
     from dtcli.models.norms import norm_layer
 
     c = compute or g.FLOAT32
+    adapters = adapters or g.NO_ADAPTERS
     token_embedding = g.Embedding(cfg, vocab, "token_embedding", c)
     ids = tf_keras.Input((cfg.context,), dtype="int32", name="tokens")
     x = token_embedding(ids)
@@ -71,12 +73,12 @@ def build(cfg: TransformerConfig, vocab: int, compute: Any = None) -> Any:
         x = g.PositionEmbedding(cfg, "position_embedding", c)(x)
     x = tf_keras.layers.Dropout(cfg.dropout, name="dropout")(x)
     for i in range(cfg.layers):
-        x = g.Block(cfg, f"block_{i}", c)(x)
+        x = g.Block(cfg, f"block_{i}", c, adapters)(x)
     x = norm_layer(cfg, "ln_f", c)(x)
     if cfg.tie_embeddings:
         logits = g.TiedHead(token_embedding, "head", c)(x)
     else:
-        logits = g.Dense(vocab, False, g.STD, "head", c)(x)
+        logits = g.Dense(vocab, False, g.STD, "head", c, adapters.get("head.kernel"))(x)
     if masks_vocab(cfg, vocab):
         logits = g.VocabMask(cfg.vocab_size, "vocab_mask")(logits)
     return tf_keras.Model(ids, logits, name="gpt")

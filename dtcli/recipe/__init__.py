@@ -6,7 +6,8 @@ This package never imports TensorFlow.
 
 configs     the keys: the frozen dataclasses and their defaults
 typed       YAML -> dataclasses, type by type, and the JSON schema
-checks      checks between keys, one function per section (data_checks: the data section)
+checks      checks between keys, one function per section (data_checks: the data section,
+            lora_checks: the lora section)
 batches     the batches a command steps through, against the mesh's data axis
 files       reading a file: unique keys, `base:`, ${NAME}
 overrides   the command line's --set/--mesh/--devices/--epochs
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from dtcli.recipe.configs import (
     TEXT_SOURCES,
     DataConfig,
     LayoutConfig,
+    LoraConfig,
     ModelConfig,
     OptimizerConfig,
     Recipe,
@@ -56,6 +58,7 @@ __all__ = [
     "UNSHARDED",
     "DataConfig",
     "LayoutConfig",
+    "LoraConfig",
     "ModelConfig",
     "OptimizerConfig",
     "NO_OVERRIDES",
@@ -85,35 +88,45 @@ __all__ = [
 ]
 
 
+# Fills a raw recipe's model in from model.from_run's checkpoint (dtcli.rundir.base.resolve:
+# reading a run's checkpoints is the run directory's business, a layer above this one).
+FromRun = Callable[[dict], dict]
+
+
 def load(
     path: str | Path | dict,
     overrides: Overrides | Sequence[str] | None = None,
     *,
     command: str = "train",
+    from_run: FromRun | None = None,
 ) -> Recipe:
     """Load a recipe (a file, or a raw mapping), apply command-line overrides (an Overrides, or
     just --set assignments), validate it all for `command` (COMMANDS: which batches it runs).
     A mistake in a key a command-line option set names the option (Overrides.named). The raw
-    mapping given is not changed."""
+    mapping given is not changed. `from_run`: a user's recipe, whose model.from_run it
+    resolves; None: a run's own recipe (recipe.yaml, a checkpoint's), written out already."""
     if not isinstance(overrides, Overrides):
         overrides = Overrides(tuple(overrides or ()))
     with overrides.naming():  # `--epochs 0`, not `recipe key 'train.epochs'`
         if isinstance(path, dict):
-            return from_mapping(from_hf.resolve(overrides.apply(path)), command=command)
-        return from_mapping(read_with_overrides(path, overrides), command=command)
+            raw = from_hf.resolve(overrides.apply(path))
+            return from_mapping(from_run(raw) if from_run else raw, command=command)
+        return from_mapping(read_with_overrides(path, overrides, from_run), command=command)
 
 
-def read_with_overrides(path: str | Path, overrides: Overrides = NO_OVERRIDES) -> dict:
+def read_with_overrides(
+    path: str | Path, overrides: Overrides = NO_OVERRIDES, from_run: FromRun | None = None
+) -> dict:
     """A recipe file as the raw mapping `load` validates: its bases merged, the command line's
-    overrides applied, and a `model.build` that --set names looked up beside the recipe given
-    (`model.build_path`), as one written in the file is. Whatever makes recipes of its own
-    from a recipe file (`plan --auto`'s candidates) starts here, so that each loads as `train`
-    loads the file."""
+    overrides applied, model.from_hf (and with `from_run`, model.from_run) resolved, and a
+    `model.build` that --set names looked up beside the recipe given (`model.build_path`), as
+    one written in the file is. Whatever makes recipes of its own from a recipe file (`plan
+    --auto`'s candidates) starts here, so that each loads as `train` loads the file."""
     raw = from_hf.resolve(overrides.apply(read_raw(path)))
     model = raw.get("model")
     if isinstance(model, dict) and model.get("build"):
         model.setdefault("build_path", str(storage.as_path(path).resolve().parent))
-    return raw
+    return from_run(raw) if from_run else raw
 
 
 def from_mapping(raw: dict | None, *, command: str = "train") -> Recipe:

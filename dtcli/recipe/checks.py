@@ -25,6 +25,7 @@ from dtcli.recipe.configs import (
     TransformerConfig,
 )
 from dtcli.recipe.data_checks import check_data
+from dtcli.recipe.lora_checks import check_lora
 from dtcli.recipe.transformer_checks import check_transformer
 
 
@@ -47,6 +48,7 @@ def check(recipe: Recipe, command: str = "train") -> Recipe:
     _check_devices_mesh(recipe)
     _check_model(recipe.model, recipe.task)
     _check_task(recipe)
+    check_lora(recipe)
     check_data(recipe.data)
     # Before the batch's checks: train.accumulate divides data.batch_size there.
     _check_train(recipe.train)

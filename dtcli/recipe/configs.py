@@ -1,4 +1,4 @@
-"""The recipe's keys: seven frozen dataclasses, their defaults, and what each key means.
+"""The recipe's keys: frozen dataclasses, their defaults, and what each key means.
 
 This is the reference for a recipe file: `Recipe` is the top level, each `*Config` one section.
 Types are checked by dtcli.recipe.typed, rules between keys by dtcli.recipe.checks.
@@ -201,6 +201,11 @@ class ModelConfig:
     # A Hugging Face model folder (config.json, model.safetensors, tokenizer.json) to start from:
     # model.transformer and data.tokenizer come from it, and a new run's step-0 weights.
     from_hf: str | None = None
+    # A dtcli run directory (its newest checkpoint that verifies) or one of its checkpoint
+    # folders to start from: the model section, task and data.tokenizer come from the
+    # checkpoint's recipe, and a new run's step-0 weights (resolved at load by
+    # dtcli.rundir.base: the resolved recipe names the checkpoint folder itself).
+    from_run: str | None = None
     # core: hidden layer widths and activation; the output layer has one unit per class.
     hidden: list[int] = field(default_factory=lambda: [128])
     activation: Literal["relu", "tanh", "sigmoid", "gelu"] = "relu"
@@ -231,6 +236,28 @@ class OptimizerConfig:
     min_learning_rate: float = 0.0
     # Clip the gradients to this global norm (null: no clipping).
     clip_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """lora: low-rank adapters beside dtcli's GPT's kernels, the base weights frozen
+    (docs/fine-tuning.md). A LoRA recipe starts from a base: model.from_hf or model.from_run."""
+
+    # The kernels to adapt: a regex searched (re.search) in each weight path; biases, norm
+    # scales and embeddings are never adapted.
+    targets: str = r"attention\.(query|value)\.kernel$"
+    # The adapters' inner dim r: A [kernel's input dims..., r], B [r, kernel's output dims...].
+    rank: int = 8
+    # The adapters' output is scaled by alpha / rank.
+    alpha: float = 16.0
+    # Dropout on the adapters' input only (as peft's lora_dropout).
+    dropout: float = 0.0
+    # float32, or bf16: the frozen base weights stored in bfloat16 (half their memory); the
+    # adapters, their gradients and optimizer state stay float32.
+    base_precision: Literal["float32", "bf16"] = "float32"
+    # A peft adapter folder (adapter_config.json, adapter_model.safetensors) whose weights are
+    # the adapters' step-0 values.
+    from_peft: str | None = None
 
 
 # The default K of train.steps_per_call, chosen by measurement (bench/throughput.py: on 1 device
@@ -288,3 +315,5 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    # LoRA adapters on a frozen base (null: every weight trains).
+    lora: LoraConfig | None = None

@@ -29,6 +29,11 @@ def resolve(raw: dict) -> dict:
     model = raw.get("model")
     if not isinstance(model, dict) or model.get("from_hf") is None:
         return raw
+    if model.get("from_run") is not None:
+        raise UsageError(
+            f"recipe key 'model.from_run': the model starts from a dtcli run's checkpoint, and "
+            f"{KEY} from a Hugging Face folder; give one of them"
+        )
     folder = model["from_hf"]
     if not isinstance(folder, str):
         raise UsageError(f"recipe key '{KEY}': expected a folder (a string), got {folder!r}")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dtcli import storage
 from dtcli.errors import UsageError
+from dtcli.rundir.base import resolve as resolve_from_run
 from dtcli.rundir.files import (
     CHECKPOINTS,
     LOCK,
@@ -49,6 +50,7 @@ from dtcli.rundir.files import (
     os_reason,
     reachable,
     stderr,
+    tokenizer_file,
 )
 from dtcli.rundir.find import (
     ATTEMPTS,
@@ -105,6 +107,7 @@ __all__ = [
     "read_recipe_text",
     "recipe_changes",
     "require_intact",
+    "resolve_from_run",
     "resume_recipe",
     "steps_file",
     "tokenizer_file",
@@ -352,12 +355,6 @@ def metrics_file(run_dir: Path, arg: str = "RUN_DIR") -> Path:
 
 def steps_file(run_dir: Path) -> Path:
     return storage.as_path(run_dir) / STEPS
-
-
-def tokenizer_file(checkpoint: Path) -> Path:
-    """Where the run a checkpoint (RUN_DIR/checkpoints/ckpt-STEP) belongs to keeps its
-    tokenizer (it may be missing: a run from before tokenizers, or a checkpoint copied alone)."""
-    return storage.as_path(checkpoint).parent.parent / TOKENIZER
 
 
 def check_output_folder(path: Path, arg: str = "--out", refuse_held: bool = True) -> None:

@@ -27,6 +27,17 @@ TOKENIZER = "tokenizer.json"
 Warn = Callable[[str], None]
 
 
+def run_of(checkpoint: Any) -> Any:
+    """The run directory a checkpoint (RUN_DIR/checkpoints/ckpt-STEP) belongs to."""
+    return storage.as_path(checkpoint).parent.parent
+
+
+def tokenizer_file(checkpoint: Any) -> Any:
+    """Where the run a checkpoint belongs to keeps its tokenizer (it may be missing: a run from
+    before tokenizers, or a checkpoint copied alone)."""
+    return run_of(checkpoint) / TOKENIZER
+
+
 def stderr(message: str) -> None:
     print(message, file=sys.stderr)
 

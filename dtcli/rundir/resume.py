@@ -13,6 +13,7 @@ from dtcli import optimizers, storage
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
+from dtcli.rundir.base import resolve as resolve_from_run
 from dtcli.rundir.files import CHECKPOINTS, RECIPE, check_plots, check_records, reachable
 from dtcli.rundir.lock import held_by, held_error
 
@@ -28,6 +29,11 @@ FIXED_ON_RESUME: dict[str, Callable[[Recipe], Any]] = {
     "data.batch_size": lambda r: r.data.batch_size,
     # The run's token ids mean what its saved tokenizer says (RUN_DIR/tokenizer.json).
     "data.tokenizer": lambda r: r.data.tokenizer,
+    # A LoRA run's checkpoints hold adapters of these kernels, shapes and scale (None: no LoRA;
+    # its dropout and base_precision may change).
+    "lora.targets": lambda r: r.lora and r.lora.targets,
+    "lora.rank": lambda r: r.lora and r.lora.rank,
+    "lora.alpha": lambda r: r.lora and r.lora.alpha,
 }
 
 
@@ -57,7 +63,7 @@ def command_recipe(
         return resume_recipe(resume, overrides, chief=chief)
     if recipe is None:
         raise UsageError("RECIPE: give a recipe file (or --resume RUN_DIR)")
-    return recipe_lib.load(recipe, overrides)
+    return recipe_lib.load(recipe, overrides, from_run=resolve_from_run)
 
 
 def check_resumable(path: Path, arg: str = "--resume", check_lock: bool = True) -> None:
@@ -169,8 +175,15 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, list[Any]]:
 
 # What eval, generate, score and export may change of a checkpoint's model (--set): none changes a
 # weight or what the trained model computes at inference (dropout is the identity there, remat
-# recomputes only a backward pass; build_path says where model.build's module lives now).
-FREE_IN_A_CHECKPOINT = ("model.transformer.dropout", "model.transformer.remat", "model.build_path")
+# recomputes only a backward pass; build_path says where model.build's module lives now; a LoRA
+# base stored in bf16 holds the same float32 base's weights, rounded).
+FREE_IN_A_CHECKPOINT = (
+    "model.transformer.dropout",
+    "model.transformer.remat",
+    "model.build_path",
+    "lora.dropout",
+    "lora.base_precision",
+)
 
 
 def checkpoint_recipe(
@@ -209,8 +222,8 @@ def checkpoint_recipe(
 def _check_same_model(stored: Recipe, recipe: Recipe, command: str) -> None:
     """A --set that changes the checkpoint's model is refused before any weight is read: the
     weights hold the model that was trained."""
-    before = {"model": dataclasses.asdict(stored.model)}
-    after = {"model": dataclasses.asdict(recipe.model)}
+    before = {"model": dataclasses.asdict(stored.model), "lora": _asdict(stored.lora)}
+    after = {"model": dataclasses.asdict(recipe.model), "lora": _asdict(recipe.lora)}
     for key, old, new in _differences(before, after, ""):
         if key not in FREE_IN_A_CHECKPOINT:
             free = ", ".join(FREE_IN_A_CHECKPOINT[:-1]) + f" and {FREE_IN_A_CHECKPOINT[-1]}"
@@ -218,6 +231,10 @@ def _check_same_model(stored: Recipe, recipe: Recipe, command: str) -> None:
                 f"--set {key}: {command} keeps the checkpoint's model, whose {key} is {old!r} "
                 f"(not {new!r}); only {free} may change (train a new run for another model)"
             )
+
+
+def _asdict(section: Any) -> Any:
+    return None if section is None else dataclasses.asdict(section)
 
 
 def _differences(a: Any, b: Any, key: str) -> list[tuple[str, Any, Any]]:

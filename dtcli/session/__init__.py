@@ -11,7 +11,9 @@ any mesh. train (the loop), eval, doctor and bench import this package; it impor
                    goes on
     evaluation.py  `evaluate`: loss and accuracy (perplexity, bits per byte) over a split
     restore.py     `restored_session`: a checkpoint restored on a mesh without data (generate,
-                   score)
+                   score); `restore_model`: a checkpoint's model into a session (eval too)
+    finetune.py    a fine-tuning run's base: its weights loaded, a LoRA checkpoint's base
+                   named by its files' digests and checked before the adapters are restored
 """
 
 from dtcli.session.build import (
@@ -22,6 +24,7 @@ from dtcli.session.build import (
 )
 from dtcli.session.epoch import EpochState, NonFiniteLoss, resume_state, run_epoch, run_steps
 from dtcli.session.evaluation import evaluate, pack_all
+from dtcli.session.restore import restore_model
 
 __all__ = [
     "EpochState",
@@ -32,6 +35,7 @@ __all__ = [
     "flops_per_token",
     "pack_all",
     "prepare",
+    "restore_model",
     "resume_state",
     "run_epoch",
     "run_steps",

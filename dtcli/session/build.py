@@ -39,6 +39,8 @@ class Session:
     placed: tuple[Any, Any] | None = None
     # Whether the train step has run in this process (its first call traces and compiles it).
     compiled: bool = False
+    # A LoRA run's base as its checkpoints name it (session.finetune.base_record), once loaded.
+    base: dict[str, Any] | None = None
 
     @property
     def local_device_count(self) -> int:
@@ -51,7 +53,8 @@ class Session:
         return self.mesh is None
 
     def checkpoint_objects(self) -> dict[str, Any]:
-        return {"model": self.model.module, "optimizer": self.optimizer.trackable}
+        """What a checkpoint holds: the model (a LoRA run's adapters alone), the optimizer."""
+        return {**self.model.checkpointed(), "optimizer": self.optimizer.trackable}
 
 
 def prepare(

@@ -1,5 +1,6 @@
 """A checkpoint restored into a session of its recipe on the target mesh, without data: the
-model and the run's tokenizer, as generate and score run them."""
+model and the run's tokenizer, as generate and score run them; a checkpoint's model restored into
+a session (`restore_model`: eval too)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir, tfruntime
 from dtcli.recipe import Recipe
+from dtcli.session import finetune
 from dtcli.session.build import Session, prepare
 
 
@@ -39,6 +41,15 @@ def restored_session(
     rules = recipe.layouts.rules
     for warning in layout_warnings(rules, session.plans, session.axes, recipe.layouts.data_axis):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    ckpt = ckpt_lib.Checkpointer(held.parent, {"model": session.model.module}, keep=1)
-    ckpt.restore(held, session.model.weights, partial=True)
+    restore_model(session, held)
     return session
+
+
+def restore_model(session: Session, held: Path) -> None:
+    """The model's weights of the checkpoint `held` restored into `session`, without its
+    optimizer; a LoRA checkpoint's adapters after the recipe's base, once the base is checked
+    to be the checkpoint's (session.finetune)."""
+    if session.recipe.lora is not None:
+        finetune.load_base(session, ckpt_lib.read_meta(held), held)
+    ckpt = ckpt_lib.Checkpointer(held.parent, session.model.checkpointed(), keep=1)
+    ckpt.restore(held, session.model.weights, partial=True)

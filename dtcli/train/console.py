@@ -26,8 +26,13 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
     params = parameter_count(session.plans)
     d = session.devices
     over = d.text if d.clients == 1 else f"{d.text} ({d.clients} clients x {d.local_count})"
+    frozen = sum(math.prod(p.weight.shape) for p in session.plans if not p.weight.trainable)
+    if r.lora is not None:  # the adapters train, the base is frozen
+        params_text = f"{parameters_text(params)} trainable (LoRA), {frozen:,} frozen,"
+    else:
+        params_text = parameters_text(params)
     console.print(
-        f"[bold]{r.name}[/]: {r.model.api} model, {parameters_text(params)} "
+        f"[bold]{r.name}[/]: {r.model.api} model, {params_text} "
         f"in {len(session.plans)} weights ({sharded} sharded) "
         f"on mesh {mesh_lib.mesh_text(session.axes)} over {over}"
         f"{steps_note(session)}; "

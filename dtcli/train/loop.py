@@ -268,6 +268,8 @@ def checkpoint_meta(session: Session, step: int, state: EpochState) -> dict[str,
         "weights": {w.path: list(w.shape) for w in session.model.weights},
         "input_shape": list(session.data.input_shape),
         "num_classes": session.data.num_classes,
+        # A LoRA run's checkpoints hold the adapters alone: the base they belong to.
+        **({"base": session.base} if session.base is not None else {}),
     }
 
 

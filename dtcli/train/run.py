@@ -19,7 +19,7 @@ from dtcli import recipe as recipe_lib
 from dtcli import rundir, runlog, storage, tfruntime
 from dtcli.errors import TrainingError, UsageError, printed
 from dtcli.recipe import Recipe
-from dtcli.session import Session, prepare
+from dtcli.session import Session, finetune, prepare
 from dtcli.steps import make_steps
 from dtcli.stretches import finished
 from dtcli.train.clients import join, peer_failures
@@ -189,24 +189,24 @@ def _open(run: Run, path: Path) -> None:
         run.latest = run.folder.latest_checkpoint("--resume", "to resume from", run.warn)
 
 
-def _weights_from_hf(session: Session) -> None:
-    """model.from_hf: the new run's step-0 weights are the folder's (models.hf_weights)."""
-    from dtcli import models
-    from dtcli.models import hf_weights
-
-    folder = session.recipe.model.from_hf
-    hf_weights.load_folder(session.model, folder, lambda v, var: models.place(v, var, session.mesh))
-
-
 def _keep_hf_files(run: Run) -> None:
-    """model.from_hf: the folder's generation and tokenizer settings and config.json kept in
-    RUN_DIR/hf/, as an import keeps them (generate's end-of-sequence ids; an export's)."""
-    from dtcli import storage
+    """A new run that starts from a model (model.from_hf, model.from_run): the Hugging Face
+    files the model came with (generation and tokenizer settings, config.json) kept in
+    RUN_DIR/hf/, as an import keeps them: generate's end-of-sequence ids, an export's. (Its
+    step-0 weights: session.finetune.load_base.)"""
     from dtcli.hf import tokenizer_files
+    from dtcli.rundir import base
 
+    model = run.recipe.model
+    if model.from_hf:
+        carried = tokenizer_files.carried(Path(model.from_hf))
+    else:
+        carried = base.hf_files(model.from_run)
+    if not carried:
+        return
     folder = run.folder.path / tokenizer_files.FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    for name, data in tokenizer_files.carried(Path(run.recipe.model.from_hf)).items():
+    for name, data in carried.items():
         storage.write_atomic(folder / name, data)
 
 
@@ -226,10 +226,13 @@ def _train(run: Run) -> RunResult:
         tokenizer_file=run.folder.tokenizer,
     )
     run.recipe = session.recipe
-    if run.resume is None and run.recipe.model.from_hf:
-        _weights_from_hf(session)
-        if run.chief:
-            _keep_hf_files(run)
+    if run.resume is None or run.recipe.lora is not None:
+        # The base's weights (model.from_hf, model.from_run): a new run's step 0; a LoRA
+        # resume's base (its checkpoints hold the adapters alone), checked to be theirs.
+        finetune.load_base(session, run.meta, run.latest)
+    model = run.recipe.model
+    if run.resume is None and run.chief and (model.from_hf or model.from_run):
+        _keep_hf_files(run)
     if run.chief and session.data.tokenizer is not None and run.resume is None:
         # Before the first checkpoint: every checkpoint's run has it (eval, generate, resume).
         run.folder.keep_tokenizer(session.data.tokenizer.to_json())
