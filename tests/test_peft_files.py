@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import types
 
+import hf_models
 import numpy as np
 import pytest
 import torch
@@ -15,7 +16,6 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from dtcli.errors import UsageError
 from dtcli.hf import config as hf_config
 from dtcli.hf import names, peft_files
-from tests import hf_models
 
 RANK, ALPHA = 4, 12.0
 LORA = types.SimpleNamespace(rank=RANK, alpha=ALPHA, dropout=0.0)

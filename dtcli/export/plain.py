@@ -31,7 +31,7 @@ def restored_model(
     model = models.build_plain(recipe, input_shape, num_classes)
     objects = {"model": model}
     if recipe.lora is not None:
-        objects = _with_base(recipe, model, held)
+        objects = _with_base(recipe, model, held, (input_shape, num_classes))
     try:
         tf.train.Checkpoint(**objects).read(str(held / "ckpt")).expect_partial()
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
@@ -41,7 +41,9 @@ def restored_model(
     return model
 
 
-def _with_base(recipe: Recipe, model: Any, held: Path) -> dict[str, Any]:
+def _with_base(
+    recipe: Recipe, model: Any, held: Path, data_shape: tuple[tuple[int, ...], int]
+) -> dict[str, Any]:
     """A LoRA model of plain variables with the recipe's base loaded into it, once checked to
     be the checkpoint's; what the checkpoint holds of it (its adapters)."""
     from dtcli import checkpoint as ckpt_lib
@@ -54,7 +56,7 @@ def _with_base(recipe: Recipe, model: Any, held: Path) -> dict[str, Any]:
     weights = [WeightInfo(path, tuple(var.shape)) for path, var in variables.items()]
     built = models.Built(model, None, None, [], weights, variables, "keras")
     finetune.check_base(finetune.base_record(recipe), ckpt_lib.read_meta(held), held)
-    finetune.load_weights(recipe, built, None)
+    finetune.load_weights(recipe, built, None, data_shape)
     return {"lora": models.lora.tracker(variables)}
 
 

@@ -154,6 +154,10 @@ def read(folder: Path, arg: str = "lora.from_peft") -> tuple[dict[str, np.ndarra
     where it is no such folder."""
     folder = Path(folder)
     where = f"{arg} {str(folder)!r}"
+    if not folder.is_dir():
+        raise UsageError(
+            f"{where}: no such folder (expected a peft adapter folder: {CONFIG}, {WEIGHTS})"
+        )
     if not (folder / CONFIG).is_file():
         raise UsageError(f"{where}: has no {CONFIG} (expected a peft adapter folder)")
     if not (folder / WEIGHTS).is_file():
