@@ -56,7 +56,8 @@ def _train(cli, tmp, name, recipe):
 
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory, cpu8):
-    """Each base made by transformers, and a LoRA run of 3 steps from it."""
+    """Each base made by transformers, a LoRA run of 3 steps from it, and what `dtcli score`
+    gives of TEXT under the run's newest checkpoint (its tokens and log probabilities)."""
     from conftest import run_cli
 
     out = {}
@@ -64,7 +65,7 @@ def lora_runs(tmp_path_factory, cpu8):
         tmp = tmp_path_factory.mktemp(f"lora-{kind}")
         make(tmp / "hf")
         run = _train(run_cli, tmp, "run", _recipe(tmp, kind, {"targets": TARGETS[kind]}))
-        out[kind] = (tmp, run)
+        out[kind] = (tmp, run, _scored(run_cli, run))
     return out
 
 
@@ -95,7 +96,7 @@ def test_peft_export_loaded_by_peft_gives_dtcli_log_probabilities(lora_runs, kin
     from peft import PeftModel
     from safetensors.numpy import load_file
 
-    tmp, run = lora_runs[kind]
+    tmp, run, (ids, got) = lora_runs[kind]
     out = tmp / "peft"
     result = cli("export", run, "--format", "peft", "--out", out)
     assert result.code == 0, result.err
@@ -104,7 +105,6 @@ def test_peft_export_loaded_by_peft_gives_dtcli_log_probabilities(lora_runs, kin
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((tmp / "hf").resolve())
 
-    ids, got = _scored(cli, run)
     model = PeftModel.from_pretrained(_base(tmp), out).eval()
     want = _logprobs(model, ids)
     assert np.abs(got - want).max() < TOLERANCE
@@ -115,18 +115,17 @@ def test_peft_export_loaded_by_peft_gives_dtcli_log_probabilities(lora_runs, kin
 def test_merged_hf_export_gives_dtcli_log_probabilities(lora_runs, kind, cli):
     from transformers import AutoModelForCausalLM
 
-    tmp, run = lora_runs[kind]
+    tmp, run, (ids, got) = lora_runs[kind]
     out = tmp / "merged"
     result = cli("export", run, "--merge", "--format", "hf", "--out", out)
     assert result.code == 0, result.err
-    ids, got = _scored(cli, run)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert np.abs(got - _logprobs(model, ids)).max() < TOLERANCE
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"  # the base's
 
 
 def test_hf_export_of_a_lora_run_without_merge_is_refused(lora_runs, cli):
-    tmp, run = lora_runs["gpt2"]
+    tmp, run, _ = lora_runs["gpt2"]
     result = cli("export", run, "--format", "hf", "--out", tmp / "refused")
     assert result.code == 2
     assert result.err.strip().splitlines()[-1] == (
@@ -153,7 +152,7 @@ def test_from_peft_starts_from_the_peft_adapter(lora_runs, kind, modules, target
     from dtcli import metrics
     from dtcli import recipe as recipe_lib
 
-    tmp, _ = lora_runs[kind]
+    tmp, _, _ = lora_runs[kind]
     peft_model = get_peft_model(
         _base(tmp),
         LoraConfig(r=4, lora_alpha=8, target_modules=modules, fan_in_fan_out=kind == "gpt2"),
