@@ -116,7 +116,7 @@ def test_adapters_follow_their_kernels_shapes_and_layouts(cpu8):
         "block_0.mlp.proj": ((128, 4), (4, 32)),
     }
     listed = lora.with_adapters(transformer.weights(cfg, 64), found, "bf16")
-    built = transformer.build(cfg, 64, Compute(frozen=True, stored="bfloat16"), found)
+    built = transformer.build(cfg, 64, Compute(frozen=True, stored="bfloat16"), adapters=found)
     made = [
         WeightInfo(p, tuple(v.shape), owner, v.trainable, v.dtype.name)
         for p, v, owner in keras_variables(built)
@@ -386,7 +386,7 @@ def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli,
     loss = -np.take_along_axis(log_softmax(z), split.eval.y[..., None].astype(int), -1).mean()
     assert loss == pytest.approx(evaluated["loss"], rel=1e-5)
     result = cli("export", run, "--out", tmp_path / "hf_out", "--format", "hf")
-    assert result.code == 2 and "--format hf: the run trained LoRA adapters" in result.err
+    assert result.code == 2 and "--format hf: the run holds LoRA adapters" in result.err
 
     # Another base of the same shape at the same path: one weight fine-tuned a little.
     from safetensors.numpy import load_file, save_file

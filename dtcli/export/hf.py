@@ -54,13 +54,6 @@ def export_hf(
     t = recipe.model.transformer
     if recipe.task != "language_model" or t is None:
         raise UsageError("--format hf: the run's model is no model.transformer (a language model)")
-    if recipe.lora is not None:
-        # The model's Hugging Face tensors are the base's alone: the adapters would be lost.
-        raise UsageError(
-            "--format hf: the run trained LoRA adapters on a frozen base, and a Hugging Face "
-            "folder of its model would hold the base alone; export a SavedModel (the adapters "
-            "unmerged) instead"
-        )
     kind = hf_config.model_type_of(t)
     if dtype is not None and dtype not in safetensors_io.WRITE_DTYPES:
         raise UsageError(
