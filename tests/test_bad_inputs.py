@@ -725,6 +725,27 @@ CASES: dict[str, Case] = {
         '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}\n',
         expect="{tmp}/t.jsonl:1: message 1: unknown role 'tool' (expected system, user, assistant)",
     ),
+    "jsonl a record of two forms": jsonl_case(
+        '{"prompt": "a", "response": "b", "messages": [{"role": "user", "content": "c"}]}\n',
+        expect="recipe key 'data.path': {tmp}/t.jsonl:1: the record has both {\"messages\"} "
+        'and {"prompt", "response"}: expected one form a line',
+    ),
+    "jsonl template without the answers": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/t.jinja",
+        setup=file_at(
+            "t.jinja",
+            "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}",
+        ),
+        expect="recipe key 'data.chat_template': {tmp}/t.jsonl:1: the template {tmp}/t.jinja "
+        "renders none of the line's assistant text, so it has nothing in the loss",
+    ),
+    "jsonl template a json without one": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/tokenizer_config.json",
+        setup=file_at("tokenizer_config.json", '{"eos_token": "</s>"}'),
+        expect="recipe key 'data.chat_template': {tmp}/tokenizer_config.json has no chat_template",
+    ),
     "jsonl eval line not json": jsonl_case(
         "nope\n",
         "data.eval_path={tmp}/e.jsonl",

@@ -515,3 +515,17 @@ def test_a_packed_window_loses_what_its_examples_lose_one_a_window(sft):
     _, alone = first_step(False, examples)
     assert window["count"][0] == alone["count"][0] == response_tokens(train[:examples])
     np.testing.assert_allclose(window["loss"], alone["loss"], rtol=1e-5)
+
+
+def test_a_tokenizer_config_named_as_the_template_gives_its_chat_template(tmp_path):
+    """data.chat_template naming a tokenizer_config.json reads its chat_template and its BOS and
+    EOS, as when the file lies beside the tokenizer (not its JSON rendered as Jinja)."""
+    from dtcli.data import chat
+
+    config = {"chat_template": chat.CHATML, "bos_token": "<s>", "eos_token": {"content": "</s>"}}
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text(json.dumps(config))
+    named = chat.load(str(path), [])
+    beside = chat.load(None, [tmp_path])
+    assert (named.source, named.bos_token, named.eos_token) == (chat.CHATML, "<s>", "</s>")
+    assert (beside.source, beside.bos_token, beside.eos_token) == (named.source, "<s>", "</s>")
