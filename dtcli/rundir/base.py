@@ -185,6 +185,8 @@ def restore_weights(module: Any, weights: list | None, path: str) -> dict[str, s
 
     def read(checkpoint: Path, held: Path) -> dict[str, str]:
         saver = ckpt_lib.Checkpointer(held.parent, {"model": module}, keep=1)
+        if weights is not None:
+            _check_vocabulary(held, weights)
         try:
             saver.restore(held, weights, partial=True)
         except ckpt_lib.DamagedCheckpoint:
@@ -194,6 +196,26 @@ def restore_weights(module: Any, weights: list | None, path: str) -> dict[str, s
         return _digests(held)
 
     return _read(path, read)
+
+
+def _check_vocabulary(held: Path, weights: list) -> None:
+    """A base whose token table is smaller than this run's tokenizer needs, named as such: byte
+    tokens plus the end-of-text id instruction data ends each answer with (257 ids, 320 rows)
+    on a base pretrained on plain text (256 rows) is the usual case; check_weights would say
+    only that the shapes differ."""
+    saved = ckpt_lib.read_meta(held).get("weights", {}).get(EMBEDDING)
+    live = next((list(w.shape) for w in weights if w.path == EMBEDDING), None)
+    if saved is None or live is None or list(saved)[0] >= live[0]:
+        return
+    raise UsageError(
+        f"{NAMED}: the base's token table has {saved[0]} rows, but this run's tokenizer needs "
+        f"{live[0]} (instruction data on byte tokens adds an end-of-text id, 256, to end each "
+        "answer); pretrain the base with one: on prepare-text's shards (data.source: tokens), "
+        "or with model.transformer.vocab_size: 257"
+    )
+
+
+EMBEDDING = "token_embedding.embeddings"
 
 
 def base_digests(path: str) -> dict[str, str]:
