@@ -164,3 +164,43 @@ def test_import_hf_verdict_is_the_extra_memory_over_the_checkpoint():
     row = bench.verdict(import_kib=3 * 2**20 + 2**18, built_kib=2 * 2**20, checkpoint_bytes=2**30)
     assert row == {"extra_bytes": 2**30 + 2**28, "ratio": 1.25, "within": True}
     assert not bench.verdict(4 * 2**20, 2 * 2**20, 2**30)["within"]
+
+
+sft_lora = _bench_script("sft_lora")
+
+
+def test_sft_exact_match_compares_each_answer_stripped_with_its_own_response():
+    references = [{"prompt": "Uppercase: ab", "response": "AB"}, {"prompt": "x", "response": "C"}]
+    answers = [{"text": " AB"}, {"text": " AB"}]  # the second is another prompt's answer
+    assert sft_lora.exact_match(answers, references) == 0.5
+    assert sft_lora.exact_match([{"text": " AB\n"}, {"text": "C"}], references) == 1.0
+    with pytest.raises(ValueError, match="1 answers for 2 references"):
+        sft_lora.exact_match(answers[:1], references)
+
+
+def test_sft_training_figures_sum_the_records_and_read_trains_done_line():
+    records = [
+        {"step": 500, "train_tokens": 300, "seconds": 2.0},
+        {"step": 1000, "train_tokens": 900, "seconds": 1.0},
+    ]
+    log = "step 1000/1000 loss 1.7\ndone: 1,000 steps (42.5 s training in this process); eval..."
+    figures = sft_lora.training_figures(records, log, window_tokens=16 * 64)
+    assert figures == {
+        "steps": 1000,
+        "train_seconds": 42.5,
+        "tokens_per_sec": 400.0,
+        "window_tokens_per_sec": 1000 * 16 * 64 / 3.0,
+    }
+    with pytest.raises(ValueError, match="no 'done:"):
+        sft_lora.training_figures(records, "step 10/10 loss 1.0\n", 1)
+
+
+def test_sft_trainable_parameters_count_the_weights_that_train():
+    plan = {
+        "weights": [
+            {"shape": [320, 128], "trainable": False},
+            {"shape": [128, 16], "trainable": True},
+            {"shape": [16, 4, 32], "trainable": True},
+        ]
+    }
+    assert sft_lora.trainable_parameters(plan) == 128 * 16 + 16 * 4 * 32

@@ -177,35 +177,3 @@ def test_an_imported_model_as_the_base_then_a_resume_without_it(cli, tmp_path):
     assert result.code == 0, result.err
     assert [r["step"] for r in metrics.read(run / "metrics.jsonl")] == [1, 2]
 
-
-def test_a_byte_base_without_an_end_of_text_row_is_named_for_instruction_data(cli, tmp_path):
-    """Instruction data on byte tokens ends each answer with an end-of-text id (256): a base
-    pretrained on plain bytes has 256 rows, and the refusal says so (not only that the
-    embedding's shapes differ), with nothing left of the new run."""
-    corpus = write_corpus(tmp_path / "corpus.txt", 5_000)
-    base = tmp_path / "bytes"
-    result = cli(
-        "train", GPT, "--out", base, "--mesh", "batch=8", *CPU8, "--no-progress",
-        *sets(
-            f"model.transformer={json.dumps(TINY)}", f"data.path={corpus}",
-            "data.batch_size=8", "train.steps=1", "optimizer.warmup_steps=0",
-        ),
-    )  # fmt: skip
-    assert result.code == 0, result.err
-    lines = "".join(json.dumps({"prompt": f"p{i}", "response": f"r{i}"}) + "\n" for i in range(16))
-    (tmp_path / "t.jsonl").write_text(lines)
-    recipe = {
-        "model": {"from_run": str(base)},
-        "data": {"source": "jsonl", "path": str(tmp_path / "t.jsonl"), "batch_size": 8},
-        "train": {"steps": 1},
-    }
-    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(recipe))
-    out = tmp_path / "sft"
-    result = cli("train", tmp_path / "sft.yaml", "--out", out, "--mesh", "batch=8", *CPU8)
-    assert result.code == 2 and result.err_lines == [
-        "error: recipe key 'model.from_run': the base's token table has 256 rows, but this "
-        "run's tokenizer needs 320 (instruction data on byte tokens adds an end-of-text id, "
-        "256, to end each answer); pretrain the base with one: on prepare-text's shards "
-        "(data.source: tokens), or with model.transformer.vocab_size: 257"
-    ], result.err
-    assert not out.exists()

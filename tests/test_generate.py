@@ -8,6 +8,7 @@ its options."""
 from __future__ import annotations
 
 import io
+import json
 import signal
 import subprocess
 import sys
@@ -274,8 +275,9 @@ def test_the_command_passes_its_options_to_the_library(cpu8, tmp_path, monkeypat
     calls = []
 
     class Stub:
-        def __init__(self, path, mesh=None, devices=None, sets=(), progress=True):
+        def __init__(self, path, mesh=None, devices=None, sets=(), progress=True, **chat):
             calls.append((path, mesh, sets, progress))
+            assert chat == {"chat": False, "chat_template": None}
 
     monkeypatch.setattr(generate, "Generator", Stub)
     monkeypatch.setattr(
@@ -379,3 +381,36 @@ def test_a_ctrl_c_during_a_step_is_held_until_the_step_is_out():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, outer)
+
+
+def test_chat_on_a_run_without_instruction_data_needs_a_template(run_dir, one, cli):
+    """A run trained on plain text keeps no chat template: --chat is refused in one line unless
+    --chat-template names one; plain then writes no end of turn this tokenizer has (bytes
+    without an end of text: a note, and the answer runs its tokens); a template whose special
+    tokens the tokenizer lacks is refused."""
+    from dtcli.data import chat
+
+    ask = ("generate", run_dir, "--chat", "--prompt", "ROMEO", "--tokens", "3", "--no-progress")
+    ask += ("--mesh", "batch=8", "--devices", "cpu:8")
+    refused = cli(*ask)
+    assert refused.code == 2 and len(refused.err_lines) == 1, refused.err
+    assert refused.err_lines[0] == (
+        f"error: --chat: {run_dir} was trained without instruction data (data.source text) "
+        f"and keeps no chat template; name one with --chat-template ({chat.FORMS})"
+    )
+    named = cli(*ask, "--chat-template", "plain", "--json", "--temperature", "0")
+    assert named.code == 0, named.err
+    assert (
+        "note: --chat: plain (built in) ends an answer with no token of this tokenizer, so "
+        "each answer runs its --tokens (or to the tokenizer's end of text)"
+    ) in named.err_lines
+    answer = json.loads(named.out)
+    assert answer["prompt"] == "ROMEO" and len(answer["tokens"]) == 3 and not answer["stopped"]
+    prompt = b"User: ROMEO\nAssistant:"  # plain's generation prompt, by hand
+    assert answer["text"] == texts(one, [prompt], greedy(3))[0]
+    lacking = cli(*ask, "--chat-template", "chatml")
+    assert lacking.code == 2 and len(lacking.err_lines) == 1, lacking.err
+    assert lacking.err_lines[0].startswith(
+        "error: --chat-template: chatml (built in) writes <|im_start|>, <|im_end|>, which the "
+        "tokenizer (byte tokens) does not have as tokens"
+    )

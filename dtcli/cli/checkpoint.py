@@ -47,6 +47,24 @@ def eval_(
     evaluate_lib.render(result, console())
 
 
+ChatOption = typer.Option(
+    False,
+    "--chat",
+    help="Each prompt is a user message in the run's chat template; print the answer only, "
+    "ending at the template's end of turn. --prompts FILE.jsonl: instruction records.",
+)
+ChatTemplateOption = typer.Option(
+    None,
+    "--chat-template",
+    help="With --chat: plain, alpaca, chatml, llama3 or a Jinja file, instead of the run's.",
+)
+JsonLinesOption = typer.Option(
+    False,
+    "--json",
+    help='One JSON object a line per prompt: {"prompt", "text", "tokens", "stopped"}.',
+)
+
+
 def generate(
     checkpoint: str = typer.Argument(
         ..., help="A language model's run directory (its latest checkpoint) or one checkpoint."
@@ -78,6 +96,9 @@ def generate(
         help="Run the whole window for every token instead of the KV cache (same greedy text; "
         "for comparison and debugging).",
     ),
+    chat: bool = ChatOption,
+    chat_template: str | None = ChatTemplateOption,
+    as_json: bool = JsonLinesOption,
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
     sets: list[str] | None = SetOption,
@@ -87,13 +108,20 @@ def generate(
     prompt when there are several), tokens/s on stderr."""
     from dtcli import generate as generate_lib
 
-    prompts = generate_lib.read_prompts(prompt, prompts_file)
+    prompts = generate_lib.command_prompts(prompt, prompts_file, chat, chat_template)
     settings = generate_lib.Settings(tokens, temperature, top_k, top_p, seed, not no_cache)
     generate_lib.check_options(settings)  # before the model is built
     generator = generate_lib.Generator(
-        checkpoint, mesh, devices, sets=tuple(sets or ()), progress=not no_progress
+        checkpoint,
+        mesh,
+        devices,
+        sets=tuple(sets or ()),
+        progress=not no_progress,
+        chat=chat,
+        chat_template=chat_template,
     )
-    generate_lib.write(generator, prompts, settings, sys.stdout, sys.stderr)
+    write = generate_lib.write_json if as_json else generate_lib.write
+    write(generator, prompts, settings, sys.stdout, sys.stderr)
 
 
 def export(

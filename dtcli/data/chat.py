@@ -80,6 +80,8 @@ LLAMA3 = (
     "{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
+# What end_of_turn renders to find a template's end of turn.
+PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 BUILTIN = {"plain": PLAIN, "alpaca": ALPACA, "chatml": CHATML, "llama3": LLAMA3}
 FORMS = "plain, alpaca, chatml, llama3 or a Jinja template file"
 # Special tokens as chat templates write them (<|im_start|>, <|eot_id|>...): a template that
@@ -123,6 +125,19 @@ class Template:
             spans.append((start, self._end_of_turn(text, start, end)))
         return text, spans
 
+    def generation_prompt(self, messages: list[dict], where: str, key: str = KEY) -> str:
+        """The text a model continues with the next assistant turn: `messages` (up to a user
+        turn) rendered with the generation prompt, as generate --chat renders a prompt."""
+        return self._rendered(messages, True, where, key)
+
+    def end_of_turn(self) -> str | None:
+        """The special token that ends an assistant turn (its EOS, <|im_end|>, <|eot_id|>):
+        the last one of the answer's span in a conversation of one question; None where the
+        template ends an answer with no special token."""
+        text, spans = self.spans(PROBE, "a conversation of one question and its answer")
+        start, end = spans[0]
+        return next((t for t in self.special_tokens() if text[start:end].endswith(t)), None)
+
     def _end_of_turn(self, text: str, start: int, end: int) -> int:
         """Where a turn rendered as text[start:end] ends: after its last special token."""
         last = [m.end() for t in self.special_tokens() for m in re.finditer(re.escape(t), text)]
@@ -140,14 +155,14 @@ class Template:
             )
         return text
 
-    def _rendered(self, messages: list[dict], generation: bool, where: str) -> str:
+    def _rendered(self, messages: list[dict], generation: bool, where: str, key: str = KEY) -> str:
         import jinja2
 
         try:
             return self.render(messages, generation)
         except jinja2.TemplateError as exc:
             raise UsageError(
-                f"{KEY}: {where}: {self.name} refused the conversation ({exc})"
+                f"{key}: {where}: {self.name} refused the conversation ({exc})"
             ) from None
 
 
@@ -187,7 +202,7 @@ def _compiled(source: str) -> Any:
     return env.from_string(source)
 
 
-def check_compiles(template: Template) -> None:
+def check_compiles(template: Template, key: str = KEY) -> None:
     """A template that is not Jinja, refused before any example is read."""
     import jinja2
 
@@ -195,15 +210,16 @@ def check_compiles(template: Template) -> None:
         _compiled(template.source)
     except jinja2.TemplateSyntaxError as exc:
         raise UsageError(
-            f"{KEY}: {template.name} is not a Jinja template (line {exc.lineno}: {exc.message})"
+            f"{key}: {template.name} is not a Jinja template (line {exc.lineno}: {exc.message})"
         ) from None
 
 
-def load(spec: str | None, folders: list[Path]) -> Template:
+def load(spec: str | None, folders: list[Path], key: str = KEY) -> Template:
     """The template `spec` (data.chat_template) names: a built-in, a Jinja file, or (None) the
     `chat_template` of the first tokenizer_config.json in `folders` (beside the tokenizer),
     else `plain`. Its BOS and EOS texts are that tokenizer_config.json's where one is there
-    (empty where it names none: the caller fills in the tokenizer's)."""
+    (empty where it names none: the caller fills in the tokenizer's). `key`: what a refusal
+    names (the recipe key, or generate's --chat-template)."""
     config, config_path = _tokenizer_config(folders)
     tokens = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
     if spec is None:
@@ -218,28 +234,34 @@ def load(spec: str | None, folders: list[Path]) -> Template:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
-        raise UsageError(f"{KEY}: expected {FORMS}, got {spec!r} ({why})") from None
+        raise UsageError(f"{key}: expected {FORMS}, got {spec!r} ({why})") from None
     if path.suffix == ".json":
-        return _named_config(path, source, spec)
+        return _named_config(path, source, spec, key)
     template = Template(source, f"the template {spec}", **tokens)
-    check_compiles(template)
+    check_compiles(template, key)
     return template
 
 
-def _named_config(path: Path, text: str, spec: str) -> Template:
+def _named_config(path: Path, text: str, spec: str, key: str) -> Template:
     """A tokenizer_config.json named as the template: its chat_template, BOS and EOS (as when
     it lies beside the tokenizer), not its JSON rendered as Jinja."""
     try:
         config = json.loads(text)
     except ValueError as exc:
-        raise UsageError(f"{KEY}: {spec} is not JSON ({exc})") from None
+        raise UsageError(f"{key}: {spec} is not JSON ({exc})") from None
     source = _config_template(config) if isinstance(config, dict) else None
     if source is None:
-        raise UsageError(f"{KEY}: {spec} has no chat_template (expected {FORMS})")
+        raise UsageError(f"{key}: {spec} has no chat_template (expected {FORMS})")
     tokens = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
     template = Template(source, f"the chat_template of {path}", **tokens)
-    check_compiles(template)
+    check_compiles(template, key)
     return template
+
+
+def beside(folders: list[Path]) -> bool:
+    """Whether the first tokenizer_config.json in `folders` holds a chat template (what
+    load(None, folders) renders with; else plain)."""
+    return _config_template(_tokenizer_config(folders)[0]) is not None
 
 
 def _tokenizer_config(folders: list[Path]) -> tuple[dict, Path | None]:
@@ -274,10 +296,30 @@ def _token_text(value: Any) -> str:
 def conversation(record: Any, where: str, key: str) -> list[dict]:
     """The messages of one line's record, checked: roles, non-empty answers, text contents.
     `where`: FILE:LINE; `key`: the recipe key the file came from."""
+    refuse = _refusal(f"recipe key '{key}': {where}")
+    out = _messages(record, refuse, answered=True)
+    if not any(m["role"] == "assistant" for m in out):
+        raise refuse("no assistant message (nothing to learn)")
+    return out
 
-    def refuse(why: str) -> UsageError:
-        return UsageError(f"recipe key '{key}': {where}: {why}")
 
+def prompt(record: Any, where: str) -> list[dict]:
+    """A prompt's messages (generate --chat): a record of the forms `conversation` reads, its
+    response optional, up to its last user message. `where`: what a refusal names."""
+    refuse = _refusal(where)
+    out = _messages(record, refuse, answered=False)
+    users = [i for i, m in enumerate(out) if m["role"] == "user"]
+    if not users:
+        raise refuse("no user message (nothing to answer)")
+    return out[: users[-1] + 1]
+
+
+def _refusal(prefix: str) -> Any:
+    return lambda why: UsageError(f"{prefix}: {why}")
+
+
+def _messages(record: Any, refuse: Any, answered: bool) -> list[dict]:
+    """A record's messages; `answered` False: a prompt's (its response fields optional)."""
     if not isinstance(record, dict):
         raise refuse(f"expected a JSON object, got {type(record).__name__}")
     forms = [f for f in _FORMS if all(k in record for k in f)]
@@ -289,35 +331,36 @@ def conversation(record: Any, where: str, key: str) -> list[dict]:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
             raise refuse("'messages' must be a non-empty list of {role, content}")
-        out = [_message(m, refuse, f"message {i}") for i, m in enumerate(messages)]
-    elif "prompt" in record and "response" in record:
-        out = _pair(record, "prompt", "response", refuse)
-    elif "instruction" in record and "output" in record:
-        out = _pair(record, "instruction", "output", refuse)
+        return [_message(m, refuse, f"message {i}") for i, m in enumerate(messages)]
+    if "prompt" in record and ("response" in record or not answered):
+        return _pair(record, "prompt", "response" if answered else None, refuse)
+    if "instruction" in record and ("output" in record or not answered):
+        out = _pair(record, "instruction", "output" if answered else None, refuse)
         extra = record.get("input") or ""
         if not isinstance(extra, str):
             raise refuse(f"'input' must be text, got {type(extra).__name__}")
         out[0]["input"] = extra
-    else:
-        raise refuse(
-            'expected {"prompt", "response"}, {"messages": [...]} or {"instruction", "input", '
-            f'"output"}}, got the keys {sorted(record)}'
-        )
-    if not any(m["role"] == "assistant" for m in out):
-        raise refuse("no assistant message (nothing to learn)")
-    return out
+        return out
+    forms = (
+        '{"prompt", "response"}, {"messages": [...]} or {"instruction", "input", "output"}'
+        if answered
+        else '{"prompt"}, {"messages": [...]} or {"instruction", "input"}'
+    )
+    raise refuse(f"expected {forms}, got the keys {sorted(record)}")
 
 
-# The fields that make each form of record (conversation).
+# The fields that make each form of record (_messages).
 _FORMS = (("messages",), ("prompt", "response"), ("instruction", "output"))
 
 
-def _pair(record: dict, prompt: str, response: str, refuse: Any) -> list[dict]:
-    """A record's prompt and response fields as a user and an assistant message."""
-    return [
-        _message({"role": "user", "content": record[prompt]}, refuse, f"'{prompt}'"),
-        _message({"role": "assistant", "content": record[response]}, refuse, f"'{response}'"),
-    ]
+def _pair(record: dict, prompt: str, response: str | None, refuse: Any) -> list[dict]:
+    """A record's prompt and response fields as a user and an assistant message (no response
+    field: the user's alone)."""
+    out = [_message({"role": "user", "content": record[prompt]}, refuse, f"'{prompt}'")]
+    if response is not None:
+        answer = {"role": "assistant", "content": record[response]}
+        out.append(_message(answer, refuse, f"'{response}'"))
+    return out
 
 
 def _message(message: Any, refuse: Any, named: str) -> dict:

@@ -120,23 +120,32 @@ class Reader:
 
 
 def _reader(cfg: DataConfig, saved: Path | None, tok: Tokenizer, key: str) -> Reader:
-    """The reader of a file of `key`: the chat template with the tokenizer's BOS and EOS
-    texts, refused where it writes special tokens the tokenizer does not have."""
+    """The reader of a file of `key`: the run's chat template (`template`)."""
+    return Reader(template(cfg, saved, tok), TextEncoder(tok), cfg, key)
+
+
+def template(
+    cfg: DataConfig, saved: Path | None, tok: Tokenizer, key: str = chat.KEY
+) -> chat.Template:
+    """The chat template data.chat_template names (or the tokenizer_config.json's beside the
+    tokenizer), with the tokenizer's BOS and EOS texts where it names none; refused where it
+    writes special tokens the tokenizer does not have. What training renders with, and
+    generate --chat (`key`: what a refusal names)."""
     encoder = TextEncoder(tok)
-    template = chat.load(cfg.chat_template, _config_folders(cfg, saved))
-    eos = template.eos_token or _token_text(tok, tok.eot)
-    bos = template.bos_token or (
+    found = chat.load(cfg.chat_template, _config_folders(cfg, saved), key)
+    eos = found.eos_token or _token_text(tok, tok.eot)
+    bos = found.bos_token or (
         _token_text(tok, encoder.bos_ids[0]) if len(encoder.bos_ids) == 1 else ""
     )
-    template = dataclasses.replace(template, bos_token=bos, eos_token=eos)
-    missing = [t for t in template.special_tokens() if encoder.single_id(t) is None]
+    found = dataclasses.replace(found, bos_token=bos, eos_token=eos)
+    missing = [t for t in found.special_tokens() if encoder.single_id(t) is None]
     if missing:
         raise UsageError(
-            f"{chat.KEY}: {template.name} writes {', '.join(missing)}, which the tokenizer "
+            f"{key}: {found.name} writes {', '.join(missing)}, which the tokenizer "
             f"({tok.description}) does not have as tokens (dtcli adds no embedding rows); "
             "use a template of the tokenizer's own tokens, such as plain"
         )
-    return Reader(template, encoder, cfg, key)
+    return found
 
 
 def _token_text(tok: Tokenizer, token: int | None) -> str:

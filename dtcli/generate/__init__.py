@@ -24,6 +24,10 @@ Only the tokenizer's ids are ever picked (the model's vocabulary is rounded up p
 imported model's, all of its config's vocab_size (a tokenizer may have fewer; those ids print
 nothing). Sampling draws from a host RNG per
 prompt seeded with (--seed, the prompt's index): a seed gives the same text every time.
+
+With --chat (chat.py) a prompt is a conversation rendered with the run's chat template, and it
+also stops at the template's end of turn, which is not printed. What the command prints, and
+--json: output.py; the settings and their checks: settings.py.
 """
 
 from __future__ import annotations
@@ -34,97 +38,35 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
 from dtcli import devices as devices_lib
-from dtcli import progress as progress_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
+from dtcli.generate import chat as chat_lib
 from dtcli.generate import ctrl_c, loop
-from dtcli.generate.loop import pick, restart_keep, window_start  # noqa: F401 - the API
-from dtcli.generate.prompts import DEFAULT_PROMPT, prompt_bytes, read_prompts  # noqa: F401 - the API
+from dtcli.generate.chat import Conversation, check_template_option, read_conversations
+from dtcli.generate.loop import pick, restart_keep, window_start
+from dtcli.generate.output import Stats, _first_compiled, _heartbeat, write, write_json
+from dtcli.generate.prompts import DEFAULT_PROMPT, prompt_bytes, read_prompts
+from dtcli.generate.settings import MAX_TOKENS, Settings, check_options
 from dtcli.recipe import Overrides, Recipe
 
-# One compiled forward pass per token: a million takes hours on a CPU; more is a typo.
-MAX_TOKENS = 1_000_000
+__all__ = [  # the API, beside Generator: what the command and the tests call
+    "DEFAULT_PROMPT", "MAX_TOKENS", "Answer", "Conversation", "Generator", "Settings", "Stats",
+    "check_options", "check_template_option", "command_prompts", "pick", "prompt_bytes",
+    "read_conversations", "read_prompts", "restart_keep", "stream", "window_start", "write",
+    "write_json", "_first_compiled",
+]  # fmt: skip
+
+# A prompt: its bytes, or --chat's conversation.
+Prompt = bytes | Conversation
+
 # Prompts generated together at most (more run in batches of this many): the caches and the
 # window passes grow with the rows.
 MAX_ROWS = 64
-
-
-@dataclass(frozen=True)
-class Settings:
-    tokens: int  # new tokens per prompt
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    cache: bool = True  # the K/V cache (dtcli's GPT); False: the window pass for every token
-
-
-def check_options(s: Settings) -> None:
-    if not 1 <= s.tokens <= MAX_TOKENS:
-        raise UsageError(f"--tokens {s.tokens}: expected an integer from 1 to {MAX_TOKENS:,}")
-    if not (s.temperature >= 0 and np.isfinite(s.temperature)):
-        raise UsageError(f"--temperature {s.temperature}: expected a number >= 0 (0: greedy)")
-    if s.top_k is not None and s.top_k < 1:
-        raise UsageError(f"--top-k {s.top_k}: expected a positive integer")
-    if s.top_p is not None and not 0 < s.top_p <= 1:
-        raise UsageError(f"--top-p {s.top_p}: expected a number above 0, at most 1")
-    if not 0 <= s.seed < 2**32:
-        raise UsageError(f"--seed {s.seed}: expected an integer from 0 to 2**32 - 1")
-
-
-@dataclass
-class Stats:
-    """What `tokens/s` counts: new tokens (every prompt's, an end-of-document token included,
-    the prompts' own not) over the wall time from the first forward pass to the last token
-    (the model's build and restore excluded; tracing and compiling included). `steady` is the
-    rate after the first WARM steps: the first runs the prompts' pass and compiles it, the
-    second compiles the cache's one-position pass (a window pass is compiled once)."""
-
-    tokens: int
-    seconds: float
-    cache: bool
-    xla: bool = False  # compiled by XLA (one device), else run on DTensor
-    steps: int = 0
-    warm_seconds: float = 0.0  # the first WARM steps'
-    warm_tokens: int = 0
-
-    WARM = 2
-
-    @property
-    def per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
-
-    @property
-    def steady(self) -> float:
-        rest = self.seconds - self.warm_seconds
-        return (self.tokens - self.warm_tokens) / rest if rest > 0 else float("nan")
-
-    def add(self, tokens: int, elapsed: float) -> None:
-        self.steps += 1
-        self.tokens += tokens
-        self.seconds = elapsed
-        if self.steps <= self.WARM:
-            self.warm_seconds, self.warm_tokens = elapsed, self.tokens
-
-    def line(self) -> str:
-        how = "with the KV cache" if self.cache else "without a cache"
-        how += ", compiled by XLA" if self.xla else ", on DTensor"
-        # No steady rate when no step followed the first WARM (a short request).
-        steady = (
-            f"{self.steady:.1f} after the first {self.WARM} steps, which took "
-            f"{self.warm_seconds:.2f} s with compiling"
-            if self.steps > self.WARM
-            else "all of it the first steps, compiling included"
-        )
-        return (
-            f"tokens/s: {self.per_second:.1f} ({self.tokens:,} new tokens in "
-            f"{self.seconds:.2f} s, {how}; {steady})"
-        )
 
 
 class Generator:
@@ -142,8 +84,13 @@ class Generator:
         use_devices: int | None = None,
         sets: tuple[str, ...] = (),
         progress: bool = True,
+        chat: bool = False,
+        chat_template: str | None = None,
     ):
+        """`chat`: prompts are rendered with the run's chat template (or `chat_template`, a
+        built-in or a file) and end at its end of turn (generate/chat.py)."""
         self.progress = progress
+        self.chat: chat_lib.ChatFormat | None = None
 
         def restore(found: Path, held: Path) -> tuple[Recipe, Any]:
             overrides = Overrides(tuple(sets), mesh, devices)
@@ -153,11 +100,18 @@ class Generator:
                     f"CHECKPOINT {str(path)!r}: generate needs a language model (task "
                     f"language_model); this run's task is {recipe.task}"
                 )
+            saved = rundir.tokenizer_file(found)
+            if chat:
+                chat_lib.check_run(recipe, saved, chat_template, str(path))
             from dtcli.session.restore import restored_session
 
             key = devices_lib.key_for(devices)
-            self.end_of_sequence = _end_of_sequence(rundir.tokenizer_file(found).parent)
-            return recipe, restored_session(found, held, recipe, "generate", use_devices, key)
+            self.end_of_sequence = _end_of_sequence(saved.parent)
+            session = restored_session(found, held, recipe, "generate", use_devices, key)
+            if chat:
+                tok = session.data.tokenizer
+                self.chat = chat_lib.run_format(recipe, tok, saved, chat_template, str(path))
+            return recipe, session
 
         # Held open from verification to restore: a run in training may remove it (train.keep).
         what = "generate: restoring the checkpoint on the mesh"
@@ -178,7 +132,7 @@ class Generator:
         shards = self.session.packer.shards
         return -(-min(prompts, MAX_ROWS) // shards) * shards
 
-    def steps(self, prompts: list[bytes], settings: Settings) -> Iterator[list[tuple[int, int]]]:
+    def steps(self, prompts: list[Prompt], settings: Settings) -> Iterator[list[tuple[int, int]]]:
         """Each step's new tokens, (prompt index, token) for every prompt still generating."""
         vocab = self.vocab
         if settings.top_k is not None and settings.top_k > vocab:
@@ -208,30 +162,48 @@ class Generator:
                     stats.add(len(picked), time.perf_counter() - start)
                     yield [(first + i, token) for i, token in picked]
 
-    def pieces(self, prompt: bytes, settings: Settings) -> Iterator[str]:
+    def pieces(self, prompt: Prompt, settings: Settings) -> Iterator[str]:
         """One prompt's new text as it is sampled: a piece per token (bytes that end no UTF-8
         character yet, or an end-of-document token, give ""); "".join() gives the whole."""
-        text = _Text(self._pieces())
+        text = self._text()
         for picked in self.steps([prompt], settings):
             yield text.add(picked[0][1])
         yield text.end()
 
-    def texts(self, prompts: list[bytes], settings: Settings) -> Iterator[tuple[int, str]]:
+    def texts(self, prompts: list[Prompt], settings: Settings) -> Iterator[tuple[int, str]]:
         """Each prompt's whole new text, in order, as each batch of rows ends."""
-        texts = [_Text(self._pieces()) for _ in prompts]
+        for i, answer in self.answers(prompts, settings):
+            yield i, answer.text
+
+    def answers(self, prompts: list[Prompt], settings: Settings) -> Iterator[tuple[int, Answer]]:
+        """Each prompt's answer (its text, new ids, whether it stopped), in order, as each batch
+        of rows ends."""
+        texts = [self._text() for _ in prompts]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        stops = self.stop_ids()
+
+        def answer(i: int) -> Answer:
+            return Answer(texts[i].whole(), tokens[i], bool(tokens[i]) and tokens[i][-1] in stops)
+
         rows = self.rows_for(len(prompts))
         done = 0
         for picked in self.steps(prompts, settings):
             for i, token in picked:
                 texts[i].add(token)
+                tokens[i].append(token)
             batch_start = picked[0][0] // rows * rows
             for i in range(done, batch_start):  # an earlier batch has ended
-                yield i, texts[i].whole()
+                yield i, answer(i)
             done = max(done, batch_start)
         for i in range(done, len(prompts)):
-            yield i, texts[i].whole()
+            yield i, answer(i)
 
-    def long_prompts(self, prompts: list[bytes]) -> list[str]:
+    def notes(self, prompts: list[Prompt]) -> list[str]:
+        """What stderr says before the text: long prompts, a chat template with no end."""
+        note = None if self.chat is None else self.chat.note()
+        return self.long_prompts(prompts) + ([note] if note else [])
+
+    def long_prompts(self, prompts: list[Prompt]) -> list[str]:
         """A note for each prompt longer than the context: the model sees only its last tokens
         (the windowing policy, loop.py), which would otherwise pass silently."""
         notes = []
@@ -249,18 +221,27 @@ class Generator:
 
     def stop_ids(self) -> frozenset[int]:
         """The ids that end a prompt's text: an imported model's end-of-sequence ids, else the
-        tokenizer's end-of-document id (where it has one)."""
+        tokenizer's end-of-document id (where it has one); with --chat, its end of turn too."""
         if self.end_of_sequence is not None:
-            return self.end_of_sequence
-        eot = self.tokenizer.eot
-        return frozenset(() if eot is None else (eot,))
+            found = self.end_of_sequence
+        else:
+            eot = self.tokenizer.eot
+            found = frozenset(() if eot is None else (eot,))
+        if self.chat is not None and self.chat.end_of_turn is not None:
+            found |= {self.chat.end_of_turn}
+        return found
 
-    def _pieces(self) -> list[bytes]:
-        """Each id's bytes; the ids past the tokenizer (an imported vocabulary's) have none."""
+    def _text(self) -> _Text:
+        """A prompt's new text; with --chat, the answer only (its end of turn not printed)."""
         pieces = self.tokenizer.pieces()
-        return pieces + [b""] * (self.vocab - len(pieces))
+        pieces = pieces + [b""] * (self.vocab - len(pieces))  # an imported vocabulary's ids
+        return _Text(pieces, self.stop_ids() if self.chat is not None else frozenset())
 
-    def _encode(self, prompt: bytes) -> np.ndarray:
+    def _encode(self, prompt: Prompt) -> np.ndarray:
+        if isinstance(prompt, Conversation):
+            if self.chat is None:
+                raise UsageError("a conversation is a prompt of --chat (Generator(chat=True))")
+            return self.chat.ids(prompt, f"the prompt {prompt.shown[:40]!r}")
         ids = self.tokenizer.encode(prompt)
         if not len(ids):
             raise UsageError(f"--prompt {prompt[:40]!r}: it encodes to no token")
@@ -299,16 +280,29 @@ class _Picker:
         return pick_row
 
 
-class _Text:
-    """New tokens as text: their bytes decoded as UTF-8 (invalid sequences replaced)."""
+@dataclass(frozen=True)
+class Answer:
+    """A prompt's new text, its new ids, and whether it ended at a stop id (else it ran the
+    tokens asked)."""
 
-    def __init__(self, pieces: list[bytes]):
+    text: str
+    tokens: list[int]
+    stopped: bool
+
+
+class _Text:
+    """New tokens as text: their bytes decoded as UTF-8 (invalid sequences replaced); the
+    `hidden` ids' bytes left out (--chat's end of turn)."""
+
+    def __init__(self, pieces: list[bytes], hidden: frozenset[int] = frozenset()):
         self.pieces = pieces
+        self.hidden = hidden
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.parts: list[str] = []
 
     def add(self, token: int) -> str:
-        self.parts.append(self.decoder.decode(self.pieces[token]))
+        piece = b"" if token in self.hidden else self.pieces[token]
+        self.parts.append(self.decoder.decode(piece))
         return self.parts[-1]
 
     def end(self) -> str:
@@ -318,6 +312,17 @@ class _Text:
     def whole(self) -> str:
         self.end()
         return "".join(self.parts)
+
+
+def command_prompts(
+    prompts: list[str] | None, prompts_file: str | None, chat: bool, chat_template: str | None
+) -> list[Prompt]:
+    """The command's prompts, checked before any checkpoint is read: --chat's conversations
+    (and its --chat-template), else bytes."""
+    check_template_option(chat_template, chat)
+    if chat:
+        return read_conversations(prompts, prompts_file)
+    return read_prompts(prompts, prompts_file)
 
 
 def stream(
@@ -341,54 +346,6 @@ def stream(
         raise UsageError("--prompt: expected at least one character")
     data = prompt if isinstance(prompt, bytes) else read_prompts([prompt], None)[0]
     yield from Generator(path, mesh, devices, use_devices).pieces(data, settings)
-
-
-def write(
-    generator: Generator, prompts: list[bytes], settings: Settings, out: TextIO, err: TextIO
-) -> None:
-    """What the command prints: one prompt's text as it is sampled; several prompts' texts as
-    blocks with a header line each (`==> prompt 2: 'text' <==`, as `head` heads files); then
-    the tokens/s line (Stats) on `err`."""
-    check_options(settings)
-    for line in generator.long_prompts(prompts):
-        print(line, file=err, flush=True)
-    if len(prompts) == 1:
-        pieces = generator.pieces(prompts[0], settings)
-        for piece in _first_compiled(pieces, err, generator.progress):
-            out.write(piece)
-            out.flush()  # a long generation shows progress, and Ctrl-C keeps what came
-        out.write("\n")
-        out.flush()  # before the tokens/s line on `err`
-    else:
-        texts = generator.texts(prompts, settings)
-        for i, text in _first_compiled(texts, err, generator.progress):
-            shown = prompts[i].decode("utf-8", errors="replace")
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            gap = "\n" if i else ""  # a blank line between blocks
-            out.write(f"{gap}==> prompt {i + 1}: {shown!r} <==\n{text}\n")
-            out.flush()
-    if generator.stats is not None:
-        print(generator.stats.line(), file=err, flush=True)
-
-
-def _heartbeat(err: TextIO, what: str, on: bool = True) -> progress_lib.Heartbeat:
-    """`what` generate is doing, said on `err` every BEAT_EVERY seconds it blocks, where `err` is
-    no terminal (and `on`)."""
-    return progress_lib.Heartbeat(progress_lib.stderr_console(err), what, on=on)
-
-
-def _first_compiled(items: Iterator[Any], err: TextIO, on: bool = True) -> Iterator[Any]:
-    """`items`, the first awaited under a heartbeat (its step compiles the forward pass). Not
-    the others: the text flowing shows the process is alive, and on a shared pipe (2>&1) a
-    line of the heartbeat would land inside it."""
-    with _heartbeat(err, "generate: compiling the forward pass", on):
-        first = next(items, _NONE)
-    if first is not _NONE:
-        yield first
-    yield from items
-
-
-_NONE = object()
 
 
 def _end_of_sequence(run: Path) -> frozenset[int] | None:

@@ -88,7 +88,40 @@ def resolve(raw: dict) -> dict:
         data = dict(data)
         data["tokenizer"] = _tokenizer(data.get("tokenizer"), checkpoint, base, given)
         resolved["data"] = data
+        if data.get("source") == "jsonl":
+            _check_end_of_text(data["tokenizer"], base_model, given)
     return resolved
+
+
+def _check_end_of_text(tokenizer: Any, model: dict, path: str) -> None:
+    """Instruction data ends each answer with an end-of-text token, which data.jsonl adds
+    after the ids of a tokenizer that has none: a base trained on such a tokenizer whose
+    vocabulary has no row past its ids (byte tokens: 256 ids, 256 rows) cannot take it, and is
+    refused here in words rather than as an embedding's shape at restore (dtcli adds no
+    embedding rows)."""
+    from dtcli.data import tokenizer as tokenizer_lib
+
+    transformer = model.get("transformer")
+    if not isinstance(transformer, dict) or transformer.get("vocab_size") is not None:
+        return  # an imported model's real vocabulary: data.tokenizer's own check
+    if tokenizer is None or tokenizer == "bytes":
+        tok: Any = tokenizer_lib.ByteTokenizer()
+    elif isinstance(tokenizer, str):
+        tok = tokenizer_lib.from_spec(tokenizer, "recipe key 'data.tokenizer'")
+    else:
+        return
+    if tok is None or tok.eot is not None:
+        return
+    rows = tokenizer_lib.model_vocab(tok.vocab_size)
+    if tokenizer_lib.model_vocab(tok.vocab_size + 1) == rows:
+        return
+    raise UsageError(
+        f"{NAMED} {path!r}: instruction data (data.source jsonl) ends each answer with an "
+        f"end-of-text token; the base's tokenizer ({tok.description}) has none and its model "
+        f"no row for one ({rows} rows for {tok.vocab_size} ids; dtcli adds no embedding rows). "
+        "Pretrain the base with one: dtcli prepare-text TEXT --out SHARDS, then train with "
+        "data.source tokens, data.path SHARDS (bytes and <|endoftext|>)"
+    )
 
 
 def _read(path: str, read: Callable[[Path, Path], T]) -> T:
@@ -185,8 +218,6 @@ def restore_weights(module: Any, weights: list | None, path: str) -> dict[str, s
 
     def read(checkpoint: Path, held: Path) -> dict[str, str]:
         saver = ckpt_lib.Checkpointer(held.parent, {"model": module}, keep=1)
-        if weights is not None:
-            _check_vocabulary(held, weights)
         try:
             saver.restore(held, weights, partial=True)
         except ckpt_lib.DamagedCheckpoint:
@@ -196,26 +227,6 @@ def restore_weights(module: Any, weights: list | None, path: str) -> dict[str, s
         return _digests(held)
 
     return _read(path, read)
-
-
-def _check_vocabulary(held: Path, weights: list) -> None:
-    """A base whose token table is smaller than this run's tokenizer needs, named as such: byte
-    tokens plus the end-of-text id instruction data ends each answer with (257 ids, 320 rows)
-    on a base pretrained on plain text (256 rows) is the usual case; check_weights would say
-    only that the shapes differ."""
-    saved = ckpt_lib.read_meta(held).get("weights", {}).get(EMBEDDING)
-    live = next((list(w.shape) for w in weights if w.path == EMBEDDING), None)
-    if saved is None or live is None or list(saved)[0] >= live[0]:
-        return
-    raise UsageError(
-        f"{NAMED}: the base's token table has {saved[0]} rows, but this run's tokenizer needs "
-        f"{live[0]} (instruction data on byte tokens adds an end-of-text id, 256, to end each "
-        "answer); pretrain the base with one: on prepare-text's shards (data.source: tokens), "
-        "or with model.transformer.vocab_size: 257"
-    )
-
-
-EMBEDDING = "token_embedding.embeddings"
 
 
 def base_digests(path: str) -> dict[str, str]:
