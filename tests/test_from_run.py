@@ -176,4 +176,3 @@ def test_an_imported_model_as_the_base_then_a_resume_without_it(cli, tmp_path):
     result = cli("train", "--resume", run, "--set", "train.steps=2", "--no-progress")
     assert result.code == 0, result.err
     assert [r["step"] for r in metrics.read(run / "metrics.jsonl")] == [1, 2]
-
