@@ -104,7 +104,7 @@ def dtcli(
 # language_model 78, rundir 63, fsdp 60 (as merged at b499c48), lora ~75 (wall, alone,
 # 2026-11-27), mesh_invariance 50, sft_e2e 49,
 # accumulate 45, xla 41, real_data and train_loop 40, tokens 35 (and its launch's waits),
-# memory 28, instruction_data 27, doctor 26, generate_chat 26, generate 23, score 29,
+# memory 28, instruction_data 38, doctor 26, generate_chat 26, generate 23, score 29,
 # bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
 # sharding 6, pipeline 5; the rest 3 or less. xdist hands out whole files (`--dist loadfile`,
 # `--no-loadscope-reorder`) in collection order: the long ones start first and the short ones

@@ -117,6 +117,35 @@ def lora_recipe(lora: str, model: str = "context: 8"):
     return setup
 
 
+def lora_from_peft(lora: str, ranks: dict[str, int], alpha: float = 16, folder: str = "peft"):
+    """A LoRA recipe r.yaml on lora_recipe's folder, its lora.from_peft `folder`, a peft adapter
+    folder written by hf.peft_files (no torch) where `ranks` names modules: for each its rank,
+    A random, B zero. Its data a few lines (the standard library's sources cost seconds)."""
+    import numpy as np
+
+    from dtcli.hf import peft_files
+
+    def setup(tmp: Path) -> None:
+        lora_recipe(f"{lora}, from_peft: {folder}")(tmp)
+        (tmp / "text.txt").write_text("\n".join(hf_models.LINES))
+        recipe = (
+            (tmp / "r.yaml").read_text().replace("source: text,", "source: text, path: text.txt,")
+        )
+        (tmp / "r.yaml").write_text(recipe)
+        sizes = {"transformer.h.0.attn.c_attn": (16, 48), "transformer.h.0.mlp.c_fc": (16, 64)}
+        tensors = {}
+        for module, r in ranks.items():
+            name_a, name_b = peft_files.tensor_names(module)
+            tensors[name_a] = np.random.default_rng(0).normal(size=(r, sizes[module][0]))
+            tensors[name_b] = np.zeros((sizes[module][1], r), np.float32)
+        if ranks:
+            config = {"peft_type": "LORA", "lora_alpha": alpha, "target_modules": list(ranks)}
+            (tmp / folder).mkdir()
+            peft_files.write(tmp / folder, tensors, config)
+
+    return setup
+
+
 def file_at(name: str, text: str | bytes = "x"):
     def setup(tmp: Path) -> None:
         path = tmp / name
@@ -695,6 +724,27 @@ CASES: dict[str, Case] = {
     "jsonl unknown role": jsonl_case(
         '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}\n',
         expect="{tmp}/t.jsonl:1: message 1: unknown role 'tool' (expected system, user, assistant)",
+    ),
+    "jsonl a record of two forms": jsonl_case(
+        '{"prompt": "a", "response": "b", "messages": [{"role": "user", "content": "c"}]}\n',
+        expect="recipe key 'data.path': {tmp}/t.jsonl:1: the record has both {\"messages\"} "
+        'and {"prompt", "response"}: expected one form a line',
+    ),
+    "jsonl template without the answers": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/t.jinja",
+        setup=file_at(
+            "t.jinja",
+            "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}",
+        ),
+        expect="recipe key 'data.chat_template': {tmp}/t.jsonl:1: the template {tmp}/t.jinja "
+        "renders none of the line's assistant text, so it has nothing in the loss",
+    ),
+    "jsonl template a json without one": jsonl_case(
+        PAIR,
+        "data.chat_template={tmp}/tokenizer_config.json",
+        setup=file_at("tokenizer_config.json", '{"eos_token": "</s>"}'),
+        expect="recipe key 'data.chat_template': {tmp}/tokenizer_config.json has no chat_template",
     ),
     "jsonl eval line not json": jsonl_case(
         "nope\n",
@@ -1384,6 +1434,31 @@ CASES: dict[str, Case] = {
         "{tmp}/hf",
         expect="--format hf: the run's model is no model.transformer",
     ),
+    "export peft without lora": c(
+        "export",
+        "{run}",
+        "--format",
+        "peft",
+        "--out",
+        "{tmp}/p",
+        expect="--format peft: the run has no LoRA adapters (its recipe's lora is null)",
+    ),
+    "export merge without lora": c(
+        *("export", "{run}", "--merge", "--format", "hf", "--out", "{tmp}/m"),
+        expect="--merge: the run has no LoRA adapters to fold in",
+    ),
+    "export merge savedmodel": c(
+        "export",
+        "{run}",
+        "--merge",
+        "--out",
+        "{tmp}/m",
+        expect="--merge: only with --format hf",
+    ),
+    "export peft dtype": c(
+        *("export", "{run}", "--format", "peft", "--dtype", "bfloat16", "--out", "{tmp}/p"),
+        expect="--dtype and --max-shard-size: only with --format hf",
+    ),
     "export bad format": c(
         "export", "{run}", "--format", "onnx", "--out", "{tmp}/x", expect="--format 'onnx'"
     ),
@@ -1557,6 +1632,34 @@ CASES: dict[str, Case] = {
         "{r}",
         expect="recipe key 'lora.dropout': recomputing a block (model.transformer.remat)",
         setup=lora_recipe("dropout: 0.1", "context: 8, remat: true"),
+    ),
+    "lora from_peft no folder": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.from_peft' 'nowhere': no such folder (expected a peft adapter "
+        "folder: adapter_config.json, adapter_model.safetensors)",
+        setup=lora_from_peft("rank: 8", {}, folder="nowhere"),
+    ),
+    "lora from_peft other modules": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.from_peft' 'peft': has no adapter of transformer.h.0.attn.c_attn "
+        "(dtcli's block_0.attention.query.kernel), which lora.targets adapts",
+        setup=lora_from_peft("rank: 8", {"transformer.h.0.mlp.c_fc": 8}),
+    ),
+    "lora from_peft rank": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.from_peft' 'peft': transformer.h.0.attn.c_attn's rank is 2; "
+        "lora.rank makes it 4 or 8",
+        setup=lora_from_peft("rank: 4, alpha: 8", {"transformer.h.0.attn.c_attn": 2}, alpha=4),
+    ),
+    "lora from_peft scale": c(
+        "train",
+        "{r}",
+        expect="recipe key 'lora.from_peft' 'peft': transformer.h.0.attn.c_attn's scale is "
+        "lora_alpha/r = 16/8 = 2; the recipe's lora.alpha/lora.rank is 8/8 = 1",
+        setup=lora_from_peft("rank: 8, alpha: 8", {"transformer.h.0.attn.c_attn": 8}),
     ),
     # ---- model.from_run ({run}: the quickstart's classifier)
     "from_run no run": c(

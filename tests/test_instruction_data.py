@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import hf_models
 import numpy as np
@@ -462,7 +463,7 @@ def test_a_packed_recipe_plans_the_activations_and_logits_of_its_context(
         result = cli("plan", recipe_file, "--json", *sets, cwd=tmp_path)
         assert result.code == 0, result.err
         plans[packing] = json.loads(result.out)
-    unpacked, packed = plans["false"], plans["true"]
+    packed = plans["true"]
     assert packed["batch"]["per_device_shape"] == [1, 3, CONTEXT]
     assert packed["batch"]["logits_per_device_shape"] == [1, CONTEXT, 320]
     # The same blocks and logits; a packed window also holds its segment and position rows
@@ -471,3 +472,60 @@ def test_a_packed_recipe_plans_the_activations_and_logits_of_its_context(
     for part in ("blocks", "head", "logits"):
         assert est["true"][part] == est["false"][part], part
     assert est["true"]["inputs"] == 2 * est["false"]["inputs"]
+
+
+def test_a_packed_window_loses_what_its_examples_lose_one_a_window(sft):
+    """data.packing: `dtcli eval` of the run over its eval examples two or three a window gives
+    the loss and the count of one a window (1e-5); a training step on the first packed window
+    gives the loss of its examples as a batch of their own (1e-5): nothing crosses an edge."""
+    from dtcli import recipe as R
+    from dtcli import session as session_lib
+
+    folder, run, train, held_out, _ = sft
+    args = ("eval", run, "--json", "--no-progress")
+    one = json.loads(run_cli(*args, cwd=folder).out)
+    result = run_cli(*args, "--set", "data.packing=true", cwd=folder)
+    assert result.code == 0, result.err
+    packed = json.loads(result.out)
+    assert packed["tokens"] == one["tokens"] == response_tokens(held_out)
+    assert packed["loss"] == pytest.approx(one["loss"], rel=1e-5)
+
+    template = folder / "qa.jinja"  # the run's, which fits two examples in a window
+    template.write_text(QA_TEMPLATE)
+
+    def first_step(packing: bool, batch: int) -> tuple[Any, dict]:
+        sets = (
+            f"data.path={folder / 'train.jsonl'}",
+            f"data.eval_path={folder / 'eval.jsonl'}",
+            f"data.tokenizer={run / 'tokenizer.json'}",
+            f"data.chat_template={template}",
+            "data.shuffle=false",
+            f"data.packing={str(packing).lower()}",
+            f"data.batch_size={batch}",
+            "train.steps_per_call=1",
+        )
+        recipe = R.load(folder / "r.yaml", R.Overrides(sets, "batch=1", "cpu:8"))
+        s = session_lib.prepare(recipe, splits=("train",), use_devices=1)
+        return s, steps_of(s, 1)
+
+    s, window = first_step(True, 1)
+    x, _ = next(jsonl.windows(s.data.train, 0, 0, False, 0, 1))
+    examples = int(x[instructions.SEGMENTS].max())
+    assert examples >= 2
+    _, alone = first_step(False, examples)
+    assert window["count"][0] == alone["count"][0] == response_tokens(train[:examples])
+    np.testing.assert_allclose(window["loss"], alone["loss"], rtol=1e-5)
+
+
+def test_a_tokenizer_config_named_as_the_template_gives_its_chat_template(tmp_path):
+    """data.chat_template naming a tokenizer_config.json reads its chat_template and its BOS and
+    EOS, as when the file lies beside the tokenizer (not its JSON rendered as Jinja)."""
+    from dtcli.data import chat
+
+    config = {"chat_template": chat.CHATML, "bos_token": "<s>", "eos_token": {"content": "</s>"}}
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text(json.dumps(config))
+    named = chat.load(str(path), [])
+    beside = chat.load(None, [tmp_path])
+    assert (named.source, named.bos_token, named.eos_token) == (chat.CHATML, "<s>", "</s>")
+    assert (beside.source, beside.bos_token, beside.eos_token) == (named.source, "<s>", "</s>")

@@ -386,7 +386,7 @@ def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli,
     loss = -np.take_along_axis(log_softmax(z), split.eval.y[..., None].astype(int), -1).mean()
     assert loss == pytest.approx(evaluated["loss"], rel=1e-5)
     result = cli("export", run, "--out", tmp_path / "hf_out", "--format", "hf")
-    assert result.code == 2 and "--format hf: the run trained LoRA adapters" in result.err
+    assert result.code == 2 and "--format hf: the run holds LoRA adapters" in result.err
 
     # Another base of the same shape at the same path: one weight fine-tuned a little.
     from safetensors.numpy import load_file, save_file

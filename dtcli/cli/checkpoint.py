@@ -130,8 +130,14 @@ def export(
     format: str = typer.Option(
         "savedmodel",
         "--format",
-        help="savedmodel (plain tensors on one device) or hf (a Hugging Face model folder: "
-        "config.json, model.safetensors, the tokenizer).",
+        help="savedmodel (plain tensors on one device), hf (a Hugging Face model folder: "
+        "config.json, model.safetensors, the tokenizer) or peft (a LoRA run's adapters: "
+        "adapter_config.json, adapter_model.safetensors).",
+    ),
+    merge: bool = typer.Option(
+        False,
+        "--merge",
+        help="hf of a LoRA run: the adapters folded into the base's weights, in its dtype.",
     ),
     dtype: str | None = typer.Option(
         None,
@@ -142,11 +148,12 @@ def export(
         None, "--max-shard-size", help="hf: shard the weights above this size (default 5GB)."
     ),
 ) -> None:
-    """Export a checkpoint as a SavedModel serving plain tensors on one device, or as a Hugging
-    Face model folder (--format hf)."""
+    """Export a checkpoint as a SavedModel serving plain tensors on one device, as a Hugging
+    Face model folder (--format hf; a LoRA run's with --merge), or a LoRA run's adapters as a
+    peft adapter folder (--format peft)."""
     from dtcli import export as export_lib
 
-    print(export_lib.export_path(checkpoint, out, format, dtype, max_shard_size))
+    print(export_lib.export_path(checkpoint, out, format, dtype, max_shard_size, merge))
 
 
 def score(

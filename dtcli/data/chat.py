@@ -235,7 +235,25 @@ def load(spec: str | None, folders: list[Path], key: str = KEY) -> Template:
     except (OSError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
         raise UsageError(f"{key}: expected {FORMS}, got {spec!r} ({why})") from None
+    if path.suffix == ".json":
+        return _named_config(path, source, spec, key)
     template = Template(source, f"the template {spec}", **tokens)
+    check_compiles(template, key)
+    return template
+
+
+def _named_config(path: Path, text: str, spec: str, key: str) -> Template:
+    """A tokenizer_config.json named as the template: its chat_template, BOS and EOS (as when
+    it lies beside the tokenizer), not its JSON rendered as Jinja."""
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{key}: {spec} is not JSON ({exc})") from None
+    source = _config_template(config) if isinstance(config, dict) else None
+    if source is None:
+        raise UsageError(f"{key}: {spec} has no chat_template (expected {FORMS})")
+    tokens = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
+    template = Template(source, f"the chat_template of {path}", **tokens)
     check_compiles(template, key)
     return template
 
@@ -304,6 +322,11 @@ def _messages(record: Any, refuse: Any, answered: bool) -> list[dict]:
     """A record's messages; `answered` False: a prompt's (its response fields optional)."""
     if not isinstance(record, dict):
         raise refuse(f"expected a JSON object, got {type(record).__name__}")
+    forms = [f for f in _FORMS if all(k in record for k in f)]
+    if len(forms) > 1:
+        # Which one the line means is a guess; training on the other would be silent.
+        named = " and ".join("{" + ", ".join(f'"{k}"' for k in f) + "}" for f in forms)
+        raise refuse(f"the record has both {named}: expected one form a line")
     if "messages" in record:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
@@ -324,6 +347,10 @@ def _messages(record: Any, refuse: Any, answered: bool) -> list[dict]:
         else '{"prompt"}, {"messages": [...]} or {"instruction", "input"}'
     )
     raise refuse(f"expected {forms}, got the keys {sorted(record)}")
+
+
+# The fields that make each form of record (_messages).
+_FORMS = (("messages",), ("prompt", "response"), ("instruction", "output"))
 
 
 def _pair(record: dict, prompt: str, response: str | None, refuse: Any) -> list[dict]:

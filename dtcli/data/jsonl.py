@@ -103,6 +103,12 @@ class Reader:
         messages = chat.conversation(record, where, self.key)
         text, spans = self.template.spans(messages, where)
         example = instructions.encoded(self.encoder, text, spans)
+        if not example.response.any():
+            # Else a step of such lines has no loss to learn from (a 0 loss, nothing applied).
+            raise UsageError(
+                f"{chat.KEY}: {where}: {self.template.name} renders none of the line's "
+                "assistant text, so it has nothing in the loss"
+            )
         keep = len(self.encoder.bos_ids)
         return instructions.fit(example, int(self.cfg.context or 1), self.cfg.truncate, keep, where)
 

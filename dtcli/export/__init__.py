@@ -19,7 +19,7 @@ from dtcli.errors import UsageError
 from dtcli.export import plain
 from dtcli.recipe import Recipe
 
-FORMATS = ("savedmodel", "hf")
+FORMATS = ("savedmodel", "hf", "peft")
 
 
 def export_path(
@@ -28,28 +28,54 @@ def export_path(
     format: str = "savedmodel",
     dtype: str | None = None,
     max_shard_size: str | None = None,
+    merge: bool = False,
 ) -> Path:
     """`dtcli export`: a checkpoint folder, or a run directory's newest intact checkpoint, with
-    the recipe stored with it, as a SavedModel or (`format` hf) a Hugging Face model folder
-    (export/hf.py; `dtype` and `max_shard_size` are its options)."""
-    from dtcli.export import hf
+    the recipe stored with it, as a SavedModel, a Hugging Face model folder (`format` hf:
+    export/hf.py; `dtype` and `max_shard_size` are its options; `merge`: a LoRA run's adapters
+    folded into its base) or a LoRA run's adapters as a peft folder (`format` peft:
+    export/peft.py)."""
+    from dtcli.export import hf, peft
 
     if format not in FORMATS:
         raise UsageError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
     if format != "hf" and (dtype or max_shard_size):
         raise UsageError("--dtype and --max-shard-size: only with --format hf")
-    if format == "hf":
-        shard = hf.parse_size(max_shard_size) if max_shard_size else hf.DEFAULT_SHARD_BYTES
+    if merge and format != "hf":
+        raise UsageError("--merge: only with --format hf (the adapters folded into the base)")
+    shard = hf.parse_size(max_shard_size) if max_shard_size else hf.DEFAULT_SHARD_BYTES
 
-        def write(found: Path, held: Path) -> Path:
-            recipe = rundir.checkpoint_recipe(held, "export")
-            return hf.export_hf(found, held, recipe, out, dtype, shard)
+    def write(found: Path, held: Path) -> Path:
+        recipe = rundir.checkpoint_recipe(held, "export")
+        _check_adapters(recipe, format, merge)
+        if format == "hf":
+            return hf.export_hf(found, held, recipe, out, dtype, shard, merge)
+        if format == "peft":
+            return peft.export_peft(found, held, recipe, out)
+        return export(found, recipe, out, held)
 
-        return rundir.read_checkpoint(path, write)
-    return rundir.read_checkpoint(
-        path,
-        lambda found, held: export(found, rundir.checkpoint_recipe(held, "export"), out, held),
-    )
+    return rundir.read_checkpoint(path, write)
+
+
+def _check_adapters(recipe: Recipe, format: str, merge: bool) -> None:
+    """A LoRA run exports its adapters (peft) or its base with them folded in (hf --merge); a
+    run without LoRA has neither."""
+    if recipe.lora is None:
+        if format == "peft":
+            raise UsageError(
+                "--format peft: the run has no LoRA adapters (its recipe's lora is null); "
+                "--format hf exports its whole model"
+            )
+        if merge:
+            raise UsageError(
+                "--merge: the run has no LoRA adapters to fold in (its recipe's lora is null); "
+                "drop --merge"
+            )
+    elif format == "hf" and not merge:
+        raise UsageError(
+            "--format hf: the run holds LoRA adapters beside a frozen base; add --merge (the "
+            "adapters folded into the base's weights) or use --format peft (the adapters alone)"
+        )
 
 
 def export(checkpoint: Path, recipe: Recipe, out: Path, held: Path | None = None) -> Path:

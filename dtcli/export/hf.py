@@ -7,22 +7,28 @@ vocabulary's padded rows sliced off, and the tokenizer files (hf.tokenizer_files
 `transformers.AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer` load it as it is.
 
 The model is rebuilt with plain variables on one device and the checkpoint restored into it,
-then each Hugging Face tensor is made from its weights and written in turn.
+then each Hugging Face tensor is made from its weights and written in turn. A LoRA run's
+(`--merge`) has its base loaded and its adapters restored (export/plain.py), and each adapted
+kernel is written with its adapter folded in (kernel + alpha / rank * A @ B, hf.peft_files), in
+the base's dtype by default.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir
 from dtcli.errors import UsageError
 from dtcli.export import plain
 from dtcli.hf import config as hf_config
-from dtcli.hf import safetensors_io, tokenizer_files
+from dtcli.hf import peft_files, safetensors_io, tokenizer_files
 from dtcli.recipe import Recipe
 
 DEFAULT_SHARD_BYTES = safetensors_io.DEFAULT_SHARD_BYTES
@@ -38,21 +44,16 @@ def export_hf(
     out: Path,
     dtype: str | None = None,
     max_shard_bytes: int = safetensors_io.DEFAULT_SHARD_BYTES,
+    merge: bool = False,
 ) -> Path:
-    """`checkpoint` (read through `held`) as a Hugging Face folder at `out`."""
+    """`checkpoint` (read through `held`) as a Hugging Face folder at `out`; `merge`: a LoRA
+    run's adapters folded into their kernels."""
     from dtcli import tfruntime
     from dtcli.models import hf_weights
 
     t = recipe.model.transformer
     if recipe.task != "language_model" or t is None:
         raise UsageError("--format hf: the run's model is no model.transformer (a language model)")
-    if recipe.lora is not None:
-        # The model's Hugging Face tensors are the base's alone: the adapters would be lost.
-        raise UsageError(
-            "--format hf: the run trained LoRA adapters on a frozen base, and a Hugging Face "
-            "folder of its model would hold the base alone; export a SavedModel (the adapters "
-            "unmerged) instead"
-        )
     kind = hf_config.model_type_of(t)
     if dtype is not None and dtype not in safetensors_io.WRITE_DTYPES:
         raise UsageError(
@@ -69,9 +70,8 @@ def export_hf(
     tf = tfruntime.import_tensorflow()
     with tf.device("/CPU:0"):
         weights = _restored(tf, recipe, meta, checkpoint, held)
-        order, produce = hf_weights.hf_tensors(
-            kind, t, vocab_size, lambda p: weights[p].numpy(), weights.__contains__
-        )
+        read = _reader(weights, recipe.lora if merge else None)
+        order, produce = hf_weights.hf_tensors(kind, t, vocab_size, read, weights.__contains__)
         tmp = out.with_name(f".{out.name}.tmp")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +101,20 @@ def _restored(tf: Any, recipe: Recipe, meta: dict, checkpoint: Path, held: Path)
     shape = tuple(meta["input_shape"])
     model = plain.restored_model(tf, recipe, checkpoint, held, shape, meta["num_classes"])
     return {path: var for path, var, _ in keras_variables(model)}
+
+
+def _reader(weights: dict, lora: Any) -> Callable[[str], np.ndarray]:
+    """Each weight on the host as float32 (a LoRA base stored in bfloat16 too); with `lora`,
+    each adapted kernel with its adapter folded in, as peft's merge_and_unload folds it."""
+
+    def read(path: str) -> np.ndarray:
+        value = np.asarray(weights[path].numpy(), np.float32)
+        path_a, path_b = peft_files.adapter_paths(path)
+        if lora is None or path_a not in weights:
+            return value
+        return peft_files.merged(value, read(path_a), read(path_b), lora.alpha / lora.rank)
+
+    return read
 
 
 def _source_dtype(meta: dict, source: dict) -> str:

@@ -89,19 +89,24 @@ class ModelFiles:
 
     def read(self, name: str) -> np.ndarray:
         """One tensor; floating dtypes as float32 (exactly: every BF16 and F16 value is one)."""
-        entry = self.entries[name]
-        # Read straight into the array returned (float32 as stored): one host copy of the
-        # tensor, not the file's bytes and an array made from them.
-        data = np.empty(entry.end - entry.begin, np.uint8)
-        with entry.file.open("rb") as f:
-            f.seek(entry.begin)
-            got = f.readinto(memoryview(data))
-        if got != len(data):
-            raise UsageError(f"{entry.file}: is truncated (tensor {name!r} is cut short)")
-        array = data.view(DTYPES[entry.dtype]).reshape(entry.shape)
-        if entry.dtype == "BF16":
-            return bf16_to_float32(array)
-        return array.astype(np.float32, copy=False) if entry.dtype in FLOATS else array
+        return read_tensor(self.entries[name], name)
+
+
+def read_tensor(entry: Entry, name: str) -> np.ndarray:
+    """The tensor `entry` locates (its `name` for the message where the file is cut short);
+    floating dtypes as float32."""
+    # Read straight into the array returned (float32 as stored): one host copy of the
+    # tensor, not the file's bytes and an array made from them.
+    data = np.empty(entry.end - entry.begin, np.uint8)
+    with entry.file.open("rb") as f:
+        f.seek(entry.begin)
+        got = f.readinto(memoryview(data))
+    if got != len(data):
+        raise UsageError(f"{entry.file}: is truncated (tensor {name!r} is cut short)")
+    array = data.view(DTYPES[entry.dtype]).reshape(entry.shape)
+    if entry.dtype == "BF16":
+        return bf16_to_float32(array)
+    return array.astype(np.float32, copy=False) if entry.dtype in FLOATS else array
 
 
 def _index_files(index: Path) -> list[Path]:
@@ -202,7 +207,7 @@ def write_model(
     written = []
     for name, shard in zip(names, shards):
         chosen = [(tensors[i][0], tensors[i][1], sizes[i]) for i in shard]
-        written.append(_write_file(folder / name, chosen, produce, dtype))
+        written.append(write_file(folder / name, chosen, produce, dtype))
     if len(shards) > 1:
         weight_map = {tensors[i][0]: names[k] for k, shard in enumerate(shards) for i in shard}
         index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
@@ -211,12 +216,14 @@ def write_model(
     return written
 
 
-def _write_file(
+def write_file(
     path: Path,
     tensors: Iterable[tuple[str, tuple[int, ...], int]],
     produce: Callable[[str], np.ndarray],
     dtype: str,
 ) -> Path:
+    """One safetensors file of `tensors` (name, shape, bytes), in this order, each made by
+    `produce(name)` when its turn comes."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset, order = 0, []
     for name, shape, size in tensors:

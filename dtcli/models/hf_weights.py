@@ -75,7 +75,7 @@ def hf_tensors(
     """The tensors of an export, (name, shape) in transformers' order, and a function that makes
     each from the dtcli weights (`read_weight(path)`: one weight on the host at its own shape).
     `vocab_size`: the exported vocabulary (the model's rows beyond it are sliced off)."""
-    keys = _with_vocab(transformer, vocab_size)
+    keys = with_vocab(transformer, vocab_size)
     maps = {m.hf: m for m in names_lib.mappings(model_type, keys)}
 
     def produce(name: str) -> np.ndarray:
@@ -88,7 +88,8 @@ def hf_tensors(
     return [(m.hf, m.hf_shape) for m in maps.values()], produce
 
 
-def _with_vocab(transformer: Any, vocab_size: int) -> dict[str, Any]:
+def with_vocab(transformer: Any, vocab_size: int) -> dict[str, Any]:
+    """The model.transformer keys hf.names maps by, with the exported vocabulary's size."""
     keys = {
         k: getattr(transformer, k, None)
         for k in ("layers", "d_model", "heads", "kv_heads", "mlp_hidden", "mlp_ratio", "context")

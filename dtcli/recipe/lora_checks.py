@@ -37,8 +37,6 @@ def check_lora(recipe: Recipe) -> None:
             f"{KEY}.dropout': recomputing a block (model.transformer.remat) would draw new "
             f"dropout masks; set lora.dropout to 0 (got {lora.dropout}) or remat to false"
         )
-    if lora.from_peft is not None:
-        raise UsageError(f"{KEY}.from_peft': loading a peft adapter is not supported yet")
 
 
 def _check_values(lora: LoraConfig) -> None:

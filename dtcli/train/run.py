@@ -226,6 +226,14 @@ def _keep_chat_template(run: Run) -> None:
     storage.write_atomic(target, found.read_bytes())
 
 
+def _adapters_from_peft(session: Session) -> None:
+    """lora.from_peft: a new run's step-0 adapters are the peft folder's (models.peft_weights);
+    a resume's are its checkpoint's."""
+    from dtcli.models import peft_weights
+
+    peft_weights.load_adapters(session.model, session.recipe, session.mesh)
+
+
 def _train(run: Run) -> RunResult:
     """Set up the session, restore a resume's checkpoint, run the loop, plot and sum up."""
     from dtcli import checkpoint as ckpt_lib
@@ -246,6 +254,8 @@ def _train(run: Run) -> RunResult:
         # The base's weights (model.from_hf, model.from_run): a new run's step 0; a LoRA
         # resume's base (its checkpoints hold the adapters alone), checked to be theirs.
         finetune.load_base(session, run.meta, run.latest)
+    if run.resume is None and run.recipe.lora is not None and run.recipe.lora.from_peft:
+        _adapters_from_peft(session)
     model = run.recipe.model
     if run.resume is None and run.chief and (model.from_hf or model.from_run):
         _keep_hf_files(run)
