@@ -102,9 +102,10 @@ def dtcli(
 # The files that take longest, slowest first: CPU seconds of each file alone (the process and
 # its children, `pytest -n 0`, 2 shared cores, 2026-11-27): launch 113, train_e2e 103,
 # language_model 78, rundir 63, fsdp 60 (as merged at b499c48), lora ~75 (wall, alone,
-# 2026-11-27), mesh_invariance 50,
+# 2026-11-27), mesh_invariance 50, sft_e2e 49,
 # accumulate 45, xla 41, real_data and train_loop 40, tokens 35 (and its launch's waits),
-# memory 28, instruction_data 38, doctor 26, generate 23, score 29, bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
+# memory 28, instruction_data 38, doctor 26, generate_chat 26, generate 23, score 29,
+# bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
 # sharding 6, pipeline 5; the rest 3 or less. xdist hands out whole files (`--dist loadfile`,
 # `--no-loadscope-reorder`) in collection order: the long ones start first and the short ones
 # fill in at the end, so that no worker is left alone with a long file while the other idles
@@ -118,6 +119,7 @@ SLOWEST_FILES = [
     "test_fsdp.py",
     "test_lora.py",
     "test_mesh_invariance.py",
+    "test_sft_e2e.py",
     "test_accumulate.py",
     "test_xla.py",
     "test_real_data.py",
@@ -126,6 +128,7 @@ SLOWEST_FILES = [
     "test_memory.py",
     "test_instruction_data.py",
     "test_doctor.py",
+    "test_generate_chat.py",
     "test_generate.py",
     "test_score.py",
     "test_bad_inputs.py",
