@@ -174,7 +174,7 @@ def main() -> None:
         "data.eval_path": data / "eval.jsonl",
         "data.chat_template": "plain",
         "data.batch_size": 16,
-        "data.eval_batch_size": 50,
+        "data.eval_batch_size": 40,
     }
     # The base's own recipe reads its shards: --set makes it one of instruction data.
     results["base"] = {**measure(base, data, sets(instructions)), "trainable_parameters": 0}

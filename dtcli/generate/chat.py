@@ -148,4 +148,4 @@ def run_format(
 
 def _kept(saved: Path) -> Path:
     """Where a run keeps its Hugging Face files (a tokenizer_config.json): RUN_DIR/hf/."""
-    return Path(saved).parent / tokenizer_files.FOLDER
+    return storage.as_path(saved).parent / tokenizer_files.FOLDER
