@@ -677,3 +677,22 @@ def tf_reader(checkpoint):
     import tensorflow as tf
 
     return tf.train.load_checkpoint(str(checkpoint / "ckpt"))
+
+
+def test_a_folder_written_whole_appears_only_once_complete(tmp_path):
+    """rundir.written_whole (export --format hf and peft): the folder appears only once its
+    writer returns; a writer that fails leaves nothing, an OSError as one line naming --out."""
+    out = tmp_path / "out"
+    with rundir.written_whole(out, "the model") as tmp:
+        (tmp / "a").write_text("1")
+        assert not out.exists() and tmp.name == ".out.tmp"
+    assert (out / "a").read_text() == "1" and not tmp.exists()
+    failed = tmp_path / "failed"
+    with pytest.raises(UsageError) as caught:
+        with rundir.written_whole(failed, "the adapters") as tmp:
+            (tmp / "a").write_text("1")
+            raise OSError(28, "No space left on device")
+    assert str(caught.value) == (
+        f"--out {str(failed)!r}: cannot write the adapters (No space left on device)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

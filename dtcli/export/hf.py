@@ -16,7 +16,6 @@ the base's dtype by default.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,24 +71,10 @@ def export_hf(
         weights = _restored(tf, recipe, meta, checkpoint, held)
         read = _reader(weights, recipe.lora if merge else None)
         order, produce = hf_weights.hf_tensors(kind, t, vocab_size, read, weights.__contains__)
-        tmp = out.with_name(f".{out.name}.tmp")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+        with rundir.written_whole(out, "the model") as tmp:
             (tmp / hf_config.CONFIG).write_text(json.dumps(config, indent=2) + "\n")
             safetensors_io.write_model(tmp, order, produce, stored, max_shard_bytes)
             tokenizer_files.copy_out(run, _tokenizer_text(run), tmp)
-            if out.exists():
-                out.rmdir()
-            tmp.rename(out)
-        except BaseException as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise UsageError(
-                    f"--out {str(out)!r}: cannot write the model ({rundir.os_reason(exc)})"
-                ) from None
-            raise
     return out
 
 

@@ -10,12 +10,10 @@ first (its digests), as every restore of a LoRA checkpoint does.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import rundir
-from dtcli.errors import UsageError
 from dtcli.export import plain
 from dtcli.hf import config as hf_config
 from dtcli.hf import peft_files
@@ -35,20 +33,6 @@ def export_peft(checkpoint: Path, held: Path, recipe: Recipe, out: Path) -> Path
     keys = hf_weights.with_vocab(t, vocab_size)
     base = recipe.model.from_hf  # a model.from_run base has no Hugging Face folder of its own
     tensors, config = peft_files.to_peft(kind, keys, found.arrays, found.lora, base)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+    with rundir.written_whole(out, "the adapters") as tmp:
         peft_files.write(tmp, tensors, config)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise UsageError(
-                f"--out {str(out)!r}: cannot write the adapters ({rundir.os_reason(exc)})"
-            ) from None
-        raise
     return out

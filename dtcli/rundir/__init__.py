@@ -51,6 +51,7 @@ from dtcli.rundir.files import (
     reachable,
     stderr,
     tokenizer_file,
+    written_whole,
 )
 from dtcli.rundir.find import (
     ATTEMPTS,
@@ -104,6 +105,7 @@ __all__ = [
     "metrics_file",
     "open_for_resume",
     "os_reason",
+    "written_whole",
     "read_recipe_text",
     "recipe_changes",
     "require_intact",

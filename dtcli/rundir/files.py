@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import shutil
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from dtcli import storage
@@ -74,6 +76,29 @@ def check_records(run_dir: Any, arg: str = "--resume") -> None:
 
 def os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+@contextlib.contextmanager
+def written_whole(out: Path, what: str) -> Iterator[Path]:
+    """A folder a command writes whole (export's hf and peft formats): written into a hidden
+    `.OUT.tmp` beside `out` (the context's value) and renamed into place once complete, so a
+    failure or a stop leaves nothing of it; an OSError is one line naming --out and `what`."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        yield tmp
+        if out.exists():  # check_new_local_folder let only an empty one through
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise UsageError(
+                f"--out {str(out)!r}: cannot write {what} ({os_reason(exc)})"
+            ) from None
+        raise
 
 
 @contextlib.contextmanager
