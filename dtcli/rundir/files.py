@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -86,14 +85,14 @@ def written_whole(out: Path, what: str) -> Iterator[Path]:
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         yield tmp
         if out.exists():  # check_new_local_folder let only an empty one through
             out.rmdir()
         tmp.rename(out)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise UsageError(
                 f"--out {str(out)!r}: cannot write {what} ({os_reason(exc)})"
