@@ -102,7 +102,8 @@ def dtcli(
 # The files that take longest, slowest first: CPU seconds of each file alone (the process and
 # its children, `pytest -n 0`, 2 shared cores, 2026-11-27): launch 113, train_e2e 103,
 # language_model 78, rundir 63, fsdp 60 (as merged at b499c48), lora ~75 (wall, alone,
-# 2026-11-27), peft_export ~62 and hf_import ~60 (wall, alone), mesh_invariance 50, sft_e2e 49,
+# 2026-11-27), peft_export ~62 (wall, alone), hf_import (one test 29 s in the suite),
+# mesh_invariance 50, sft_e2e 49,
 # accumulate 45, xla 41, from_run ~40 and packing ~35 (wall), real_data and train_loop 40, tokens 35 (and its launch's waits),
 # memory 28, instruction_data 38, doctor 26, generate_chat 26, generate 23, score 29,
 # bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
