@@ -988,6 +988,16 @@ CASES: dict[str, Case] = {
         expect="--prompts '{tmp}/p.jsonl': line 1: no user message (nothing to answer)",
         setup=file_at("p.jsonl", '{"messages": [{"role": "system", "content": "Be brief."}]}\n'),
     ),
+    "generate chat prompts an empty prompt": c(
+        "generate",
+        "{run}",
+        "--chat",
+        "--prompts",
+        "{tmp}/p.jsonl",
+        expect="--prompts '{tmp}/p.jsonl': line 2: an empty prompt (its last user message has no "
+        "text)",
+        setup=file_at("p.jsonl", '{"prompt": "hi"}\n{"prompt": ""}\n'),
+    ),
     "generate chat prompts of another form": c(
         "generate",
         "{run}",

@@ -311,6 +311,8 @@ def prompt(record: Any, where: str) -> list[dict]:
     users = [i for i, m in enumerate(out) if m["role"] == "user"]
     if not users:
         raise refuse("no user message (nothing to answer)")
+    if not out[users[-1]]["content"]:  # as --prompt "" is refused
+        raise refuse("an empty prompt (its last user message has no text)")
     return out[: users[-1] + 1]
 
 
