@@ -59,8 +59,7 @@ def _with_base(
         for path, var in variables.items()
     ]
     built = models.Built(model, None, None, [], weights, variables, "keras")
-    finetune.check_base(finetune.base_record(recipe), ckpt_lib.read_meta(held), held)
-    finetune.load_weights(recipe, built, None, data_shape)
+    finetune.load_checked(recipe, built, None, data_shape, ckpt_lib.read_meta(held), held)
     return {"lora": models.lora.tracker(variables)}
 
 

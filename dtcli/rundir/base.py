@@ -209,14 +209,22 @@ def _tokenizer(given: Any, checkpoint: Path, base: dict, path: str) -> Any:
     )
 
 
-def restore_weights(module: Any, weights: list | None, path: str) -> dict[str, str]:
+def restore_weights(
+    module: Any,
+    weights: list | None,
+    path: str,
+    check: Callable[[dict[str, str]], None] | None = None,
+) -> dict[str, str]:
     """The model weights of the checkpoint `path` names (model.from_run as a resolved recipe
     holds it) read into `module`, on a mesh (DVariables: each relaid out onto its layout) or on
     plain variables (XLA's one device); `weights` (the live model's WeightInfo) checked against
     the checkpoint's first. No optimizer state is read. Returns the checkpoint's digests
-    (`base_digests`), read in the same verification."""
+    (`base_digests`), read in the same verification; `check(digests)` runs before any weight
+    is read (a LoRA checkpoint's base compared), so the base is hashed once, not twice."""
 
     def read(checkpoint: Path, held: Path) -> dict[str, str]:
+        if check is not None:
+            check(_digests(held))
         saver = ckpt_lib.Checkpointer(held.parent, {"model": module}, keep=1)
         try:
             saver.restore(held, weights, partial=True)

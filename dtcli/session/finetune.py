@@ -31,7 +31,7 @@ def base_record(recipe: Recipe) -> dict[str, Any] | None:
         return None
     m = recipe.model
     if m.from_run:
-        return {"from": FROM_RUN, "path": m.from_run, "digests": base_lib.base_digests(m.from_run)}
+        return _run_record(m.from_run, base_lib.base_digests(m.from_run))
     from dtcli.hf import config as hf_config
 
     hf_config.read(m.from_hf, f"recipe key '{FROM_HF}'")  # one line where it is no model folder
@@ -74,23 +74,57 @@ def load_base(
     recipe = session.recipe
     if not (recipe.model.from_hf or recipe.model.from_run):
         return
-    record = base_record(recipe)
-    if record is not None and meta is not None:
-        check_base(record, meta, checkpoint)
     shape = (session.data.input_shape, session.data.num_classes)
-    load_weights(recipe, session.model, session.mesh, shape)
-    session.base = record
+    session.base = load_checked(recipe, session.model, session.mesh, shape, meta, checkpoint)
+
+
+def load_checked(
+    recipe: Recipe,
+    built: models.Built,
+    mesh: Any,
+    data_shape: tuple[tuple[int, ...], int],
+    meta: dict[str, Any] | None = None,
+    checkpoint: Path | None = None,
+) -> dict[str, Any] | None:
+    """load_weights, and for LoRA the base's record (base_record), compared with `meta`'s (the
+    checkpoint about to be restored) before any base weight is read. A model.from_run base's
+    record comes from the verification that reads its weights: its files are hashed once."""
+    if recipe.lora is None:
+        load_weights(recipe, built, mesh, data_shape)
+        return None
+    named: list[dict[str, Any]] = []
+
+    def check(record: dict[str, Any]) -> None:
+        if meta is not None:
+            check_base(record, meta, checkpoint)
+        named.append(record)
+
+    if recipe.model.from_hf:
+        check(base_record(recipe))
+        load_weights(recipe, built, mesh, data_shape)
+    else:
+        run = recipe.model.from_run
+        load_weights(recipe, built, mesh, data_shape, lambda d: check(_run_record(run, d)))
+    return named[0]
+
+
+def _run_record(path: str, digests: dict[str, str]) -> dict[str, Any]:
+    return {"from": FROM_RUN, "path": path, "digests": digests}
 
 
 def load_weights(
-    recipe: Recipe, built: models.Built, mesh: Any, data_shape: tuple[tuple[int, ...], int]
+    recipe: Recipe,
+    built: models.Built,
+    mesh: Any,
+    data_shape: tuple[tuple[int, ...], int],
+    check: Any = None,
 ) -> None:
     """The base's weights into `built` (on `mesh`; None: plain variables), a LoRA model's
     adapters left as they are. model.from_hf: tensor by tensor, cast to a bfloat16 base's
     dtype. model.from_run: the checkpoint restored onto the model's own variables (each relaid
     out onto its layout), or, for a base stored in bfloat16 (a checkpoint holds float32), into
     a float32 model on the host first, then cast and placed weight by weight. `data_shape`: the
-    model's input shape and classes."""
+    model's input shape and classes; `check`: rundir.base.restore_weights' (model.from_run)."""
     from dtcli.models import hf_weights
 
     def place(value: Any, var: Any) -> Any:
@@ -101,7 +135,7 @@ def load_weights(
         return
     base = [w for w in built.weights if not lora.is_adapter(w.path)]
     if all(w.dtype == "float32" for w in base):
-        base_lib.restore_weights(built.module, base, recipe.model.from_run)
+        base_lib.restore_weights(built.module, base, recipe.model.from_run, check)
         return
     plain = dataclasses.replace(recipe, lora=None)
     host = models.build_plain(plain, *data_shape)
@@ -109,7 +143,7 @@ def load_weights(
 
     found = {path: var for path, var, _ in keras_variables(host)}
     weights = [dataclasses.replace(w, dtype="float32") for w in base]
-    base_lib.restore_weights(host, weights, recipe.model.from_run)
+    base_lib.restore_weights(host, weights, recipe.model.from_run, check)
     for path, var in found.items():
         live = built.variables[path]
         live.assign(place(var.numpy(), live))
