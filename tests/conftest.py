@@ -9,6 +9,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -106,6 +107,7 @@ def dtcli(
 # mesh_invariance 50, sft_e2e 49,
 # accumulate 45, xla 41, from_run ~40 and packing ~35 (wall), real_data and train_loop 40, tokens 35 (and its launch's waits),
 # memory 28, instruction_data 38, doctor 26, generate_chat 26, generate 23, score 29,
+# harness ~45 (wall, alone, lm_run's training included, 2026-11-27),
 # bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
 # sharding 6, pipeline 5; the rest 3 or less. xdist hands out whole files (`--dist loadfile`,
 # `--no-loadscope-reorder`) in collection order: the long ones start first and the short ones
@@ -135,6 +137,7 @@ SLOWEST_FILES = [
     "test_doctor.py",
     "test_generate_chat.py",
     "test_generate.py",
+    "test_harness.py",
     "test_score.py",
     "test_bad_inputs.py",
     "test_plan.py",
@@ -382,3 +385,40 @@ def checkpoint_tensors(checkpoint: Path) -> dict:
         for key in reader.get_variable_to_shape_map()
         if key.startswith("model/") and "OPTIMIZER_SLOT" not in key
     }
+
+
+LM_TASKS = ROOT / "tests" / "data" / "lm_tasks"  # lm-eval task YAMLs over local JSON files
+LM_CONTEXT = 64
+# A tiny GPT on tiny Shakespeare with a byte-level BPE of 300 ids (the model's vocabulary 320),
+# context 64: trained enough that its choices are no coin toss (the eval loss well under the
+# first step's) and small enough to train in seconds.
+LM_TRAIN = [
+    f"model.transformer={{layers: 2, d_model: 64, heads: 4, mlp_ratio: 2, context: {LM_CONTEXT}}}",
+    "data.tokenizer=bpe:300",
+    "data.batch_size=16",
+    "data.eval_batch_size=8",
+    "train.steps_per_call=50",
+    "train.steps=300",
+    "train.eval_every=300",
+    "train.log_every=50",
+    "optimizer.learning_rate=1e-2",
+    "optimizer.warmup_steps=5",
+]
+
+
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory, cpu8) -> Path:
+    """A language model's run directory (LM_TRAIN, trained in this process on batch=8):
+    shared by every test that evaluates a language model; copy it before changing anything."""
+    folder = tmp_path_factory.mktemp("lm_run")
+    corpus = write_corpus(folder / "corpus.txt", 100_000)
+    sets = [x for s in (f"data.path={corpus}", *LM_TRAIN) for x in ("--set", s)]
+    out = folder / "run"
+    # Megatron's rules: the session restores onto batch=2,model=2 too.
+    recipe = RECIPES / "tiny_gpt_tensor_parallel.yaml"
+    r = run_cli("train", recipe, *sets, "--mesh", "batch=8", "--devices", "cpu:8", "--out", out)
+    assert r.code == 0, r.err
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # ln(320) = 5.77 nats: a uniform guess over the model's vocabulary, where training starts.
+    assert record["eval_loss"] < 0.75 * math.log(320), record
+    return out
