@@ -12,6 +12,7 @@ This module alone knows what a run directory holds and where:
     checkpoints/       ckpt-STEP/ folders, each complete and self-verifying (dtcli.checkpoint),
                        and `checkpoint`, TensorFlow's pointer to the latest
     plots/             PNG curves
+    lm_eval/           lm-evaluation-harness's results (dtcli eval --tasks), as lm-eval names them
     .dtcli.lock        held (flock) by the one process writing the run
 
 Commands open a run through it: `create` for a new run, `open_for_resume` to continue one,
@@ -36,6 +37,7 @@ from dtcli.errors import UsageError
 from dtcli.rundir.base import resolve as resolve_from_run
 from dtcli.rundir.files import (
     CHECKPOINTS,
+    LM_EVAL,
     LOCK,
     METRICS,
     PLOTS,
@@ -62,6 +64,7 @@ from dtcli.rundir.find import (
     require_intact,
 )
 from dtcli.rundir.lock import Lock, held_by, held_error
+from dtcli.rundir.results import results_folder, run_of_checkpoint, write_files
 from dtcli.rundir.resume import (
     FIXED_ON_RESUME,
     check_resumable,
@@ -76,6 +79,7 @@ __all__ = [
     "ATTEMPTS",
     "CHECKPOINTS",
     "FIXED_ON_RESUME",
+    "LM_EVAL",
     "LOCK",
     "METRICS",
     "PLOTS",
@@ -110,10 +114,13 @@ __all__ = [
     "recipe_changes",
     "require_intact",
     "resolve_from_run",
+    "results_folder",
     "resume_recipe",
+    "run_of_checkpoint",
     "steps_file",
     "tokenizer_file",
     "unlocked",
+    "write_files",
 ]
 
 
