@@ -27,6 +27,7 @@ from dtcli.errors import UsageError
 from dtcli.harness.output import output_place, result_files
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir import checkpoint_recipe, find_checkpoint, read_checkpoint, tokenizer_file
+from dtcli.rundir.results import results_folder, run_of_checkpoint, write_files
 from dtcli.tables import Column, print_table
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "refuse_task_options",
     "render",
     "results_json",
+    "task_options",
     "write_task_results",
 ]
 
@@ -157,6 +159,30 @@ class TasksResult:
     run_dir: Any  # the run the checkpoint belongs to; None for a checkpoint outside one
 
 
+def task_options(
+    tasks: str,
+    include_path: str | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | None = None,
+    seed: str | None = None,
+    log_samples: bool = False,
+    apply_chat_template: bool = False,
+) -> harness.TaskOptions:
+    """`dtcli eval --tasks`' options as harness.TaskOptions: the names comma-separated, the
+    seed as lm-eval's CLI writes it (harness.parse_seed)."""
+    return harness.TaskOptions(
+        tasks=tuple(name.strip() for name in tasks.split(",") if name.strip()),
+        include_path=include_path,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        batch_size=batch_size,
+        seed=harness.DEFAULT_SEED if seed is None else harness.parse_seed(seed),
+        log_samples=log_samples,
+        apply_chat_template=apply_chat_template,
+    )
+
+
 def refuse_task_options(given: dict[str, Any]) -> None:
     """lm-eval's options (option -> value; None or False: not given) without --tasks: one line,
     as they would change nothing."""
@@ -210,7 +236,7 @@ def evaluate_tasks(
                 f"CHECKPOINT {str(path)!r}: --tasks needs a language model (task "
                 f"language_model); this run's task is {recipe.task}"
             )
-        run_dir = rundir.run_of_checkpoint(checkpoint)
+        run_dir = run_of_checkpoint(checkpoint)
         if run_dir is None and output_path is None and options.log_samples:
             raise UsageError(
                 f"--log-samples: CHECKPOINT {str(path)!r} is not inside a run directory, so "
@@ -231,14 +257,14 @@ def write_task_results(result: TasksResult, output_path: str | None) -> list[str
         folder, stem = output_place(output_path, result.checkpoint)
         note, arg = None, "--output-path"
     elif result.run_dir is not None:
-        (folder, note), stem, arg = rundir.results_folder(result.run_dir), "results", "RUN_DIR"
+        (folder, note), stem, arg = results_folder(result.run_dir), "results", "RUN_DIR"
     else:
         return [
             "note: the checkpoint is outside a run directory: no results file written "
             "(give --output-path for one)"
         ]
     files = result_files(result.results, stem)
-    written = rundir.write_files(folder, files.files, arg)
+    written = write_files(folder, files.files, arg)
     return [*([note] if note else []), f"results: {written[0]}"]
 
 

@@ -37,7 +37,6 @@ from dtcli.errors import UsageError
 from dtcli.rundir.base import resolve as resolve_from_run
 from dtcli.rundir.files import (
     CHECKPOINTS,
-    LM_EVAL,
     LOCK,
     METRICS,
     PLOTS,
@@ -64,7 +63,6 @@ from dtcli.rundir.find import (
     require_intact,
 )
 from dtcli.rundir.lock import Lock, held_by, held_error
-from dtcli.rundir.results import results_folder, run_of_checkpoint, write_files
 from dtcli.rundir.resume import (
     FIXED_ON_RESUME,
     check_resumable,
@@ -79,7 +77,6 @@ __all__ = [
     "ATTEMPTS",
     "CHECKPOINTS",
     "FIXED_ON_RESUME",
-    "LM_EVAL",
     "LOCK",
     "METRICS",
     "PLOTS",
@@ -114,13 +111,10 @@ __all__ = [
     "recipe_changes",
     "require_intact",
     "resolve_from_run",
-    "results_folder",
     "resume_recipe",
-    "run_of_checkpoint",
     "steps_file",
     "tokenizer_file",
     "unlocked",
-    "write_files",
 ]
 
 
