@@ -231,16 +231,16 @@ def evaluate_tasks(
         from dtcli.session.restore import restored_session
 
         recipe = checkpoint_recipe(held, "eval", overrides, options.batch_size)
-        if recipe.task != "language_model":
-            raise UsageError(
-                f"CHECKPOINT {str(path)!r}: --tasks needs a language model (task "
-                f"language_model); this run's task is {recipe.task}"
-            )
         run_dir = run_of_checkpoint(checkpoint)
         if run_dir is None and output_path is None and options.log_samples:
             raise UsageError(
                 f"--log-samples: CHECKPOINT {str(path)!r} is not inside a run directory, so "
                 "the samples have no place of their own; give --output-path"
+            )
+        if recipe.task != "language_model":
+            raise UsageError(
+                f"CHECKPOINT {str(path)!r}: --tasks needs a language model (task "
+                f"language_model); this run's task is {recipe.task}"
             )
         session = restored_session(checkpoint, held, recipe, "eval", None, devices_key)
         results = harness.run_tasks(session, options, str(checkpoint))

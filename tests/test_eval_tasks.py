@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, env
 
 from dtcli import harness, rundir
 from dtcli.harness import output as output_lib
@@ -145,7 +147,9 @@ def test_result_files_are_named_and_written_as_lm_evals_cli_writes_them():
     assert (str(folder), stem) == ("out", "mine")
 
 
-def test_without_lm_eval_the_option_says_how_to_install_it(monkeypatch):
+def test_without_lm_eval_eval_tasks_says_how_to_install_it(monkeypatch, tmp_path, cli):
+    """lm_eval's import failing (an install without the extra): one line naming --tasks and the
+    extra, exit 2, before any checkpoint is read (there is none here)."""
     import builtins
 
     real = builtins.__import__
@@ -156,11 +160,28 @@ def test_without_lm_eval_the_option_says_how_to_install_it(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_lm_eval)
-    with pytest.raises(Exception) as caught:
-        harness.require_lm_eval("--tasks")
-    assert str(caught.value) == (
-        "--tasks: needs lm-evaluation-harness, an optional extra: pip install 'dtensor-cli[eval]'"
+    r = cli("eval", tmp_path / "nothing", "--tasks", "tiny_mc")
+    assert r.code == 2 and r.out == ""
+    assert r.err_lines == [
+        "error: --tasks: needs lm-evaluation-harness, an optional extra: "
+        "pip install 'dtensor-cli[eval]'"
+    ]
+
+
+def test_dtcli_and_eval_help_never_import_lm_eval():
+    """lm_eval is imported where tasks run only: not by dtcli's modules, nor `dtcli eval --help`."""
+    code = (
+        "import sys\n"
+        "import dtcli.cli.app, dtcli.evaluate, dtcli.harness, dtcli.harness.output\n"
+        "from dtcli.cli import run\n"
+        "code = run(['eval', '--help'])\n"
+        "print(code, 'lm_eval' in sys.modules, 'tensorflow' in sys.modules)"
     )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env()
+    )
+    assert "--tasks" in proc.stdout and "--include-path" in proc.stdout, proc.stderr
+    assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stdout[-300:]
 
 
 # --------------------------------------------------------------------------- the command
