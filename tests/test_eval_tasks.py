@@ -147,6 +147,20 @@ def test_result_files_are_named_and_written_as_lm_evals_cli_writes_them():
     assert (str(folder), stem) == ("out", "mine")
 
 
+def test_check_tasks_names_a_recipe_sections_keys(tmp_path):
+    """check_tasks for train.eval_tasks names its recipe keys, not the command line's options."""
+    from dtcli.errors import UsageError
+
+    options = harness.TaskOptions(tasks=("tiny_mc",), include_path=str(tmp_path / "nope"))
+    with pytest.raises(UsageError) as caught:
+        harness.check_tasks(options, named="train.eval_tasks")
+    assert str(caught.value).startswith(
+        f"recipe key 'train.eval_tasks.include_path' '{tmp_path / 'nope'}': no such folder"
+    )
+    with pytest.raises(UsageError, match="^--include-path '"):
+        harness.check_tasks(options)
+
+
 def test_without_lm_eval_eval_tasks_says_how_to_install_it(monkeypatch, tmp_path, cli):
     """lm_eval's import failing (an install without the extra): one line naming --tasks and the
     extra, exit 2, before any checkpoint is read (there is none here)."""

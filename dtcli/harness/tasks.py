@@ -85,9 +85,14 @@ def check_tasks(options: TaskOptions, named: str = "--tasks") -> None:
     for an unknown name (with up to 5 close ones), a YAML that does not parse (naming the file),
     an include path that is no folder. Builds no task and reads no data."""
     require_lm_eval(named)
+    # an option names itself; a recipe section (train.eval_tasks) names its keys
+    tasks_arg = named if named.startswith("--") else f"recipe key '{named}.tasks'"
+    include_arg = (
+        "--include-path" if named.startswith("--") else f"recipe key '{named}.include_path'"
+    )
     if not options.tasks:
-        raise UsageError(f"{named}: expected at least one task name")
-    include = _include_folder(options.include_path, named)
+        raise UsageError(f"{tasks_arg}: expected at least one task name")
+    include = _include_folder(options.include_path, include_arg)
     missing = _missing(options.tasks, _manager(include, defaults=False)) if include else None
     if missing == []:
         return
@@ -100,19 +105,18 @@ def check_tasks(options: TaskOptions, named: str = "--tasks") -> None:
     if broken:
         path, reason = broken[0]
         raise UsageError(
-            f"{named}: task {name!r} not found; the task file {str(path)!r} does not parse "
+            f"{tasks_arg}: task {name!r} not found; the task file {str(path)!r} does not parse "
             f"({reason})"
         )
     close = difflib.get_close_matches(name, manager.all_tasks, n=5, cutoff=0.6)
-    where = f" in --include-path {include} or lm-eval's tasks" if include else " in lm-eval's tasks"
+    where = f" in {include_arg} {include} or lm-eval's tasks" if include else " in lm-eval's tasks"
     hint = f"; close: {', '.join(close)}" if close else ""
-    raise UsageError(f"{named}: unknown task {name!r} (not found{where}){hint}")
+    raise UsageError(f"{tasks_arg}: unknown task {name!r} (not found{where}){hint}")
 
 
-def _include_folder(include_path: str | None, named: str) -> str | None:
+def _include_folder(include_path: str | None, arg: str) -> str | None:
     if include_path is None:
         return None
-    arg = "--include-path" if named.startswith("--") else f"{named}.include_path"
     path = Path(include_path)
     if not path.is_dir():
         what = "no such folder" if not path.exists() else "not a folder"
@@ -133,21 +137,19 @@ def _missing(tasks: tuple[str, ...], manager: Any) -> list[str]:
         if name in manager.task_index:
             continue
         if name.endswith((".yaml", ".yml")) and Path(name).is_file():
-            _parse_task_file(Path(name), "--tasks")
+            _parse_task_file(Path(name))
             continue
         missing.append(name)
     return missing
 
 
-def _parse_task_file(path: Path, named: str) -> None:
+def _parse_task_file(path: Path) -> None:
     from lm_eval.tasks._yaml_loader import load_yaml
 
     try:
         load_yaml(path, resolve_func=False)
     except Exception as exc:  # yaml's errors and lm-eval's include errors alike
-        raise UsageError(
-            f"{named}: the task file {str(path)!r} does not parse ({_first(exc)})"
-        ) from None
+        raise UsageError(f"the task file {str(path)!r} does not parse ({_first(exc)})") from None
 
 
 def _broken_yaml(include: str) -> list[tuple[Path, str]]:
@@ -157,9 +159,7 @@ def _broken_yaml(include: str) -> list[tuple[Path, str]]:
     broken = []
     for path in sorted(Path(include).glob("**/*.yaml")):
         try:
-            cfg = load_yaml(path, resolve_func=False)
-            if not isinstance(cfg, dict) or not ({"task", "group", "class"} & set(cfg)):
-                raise ValueError("no task, group or class key at its top level")
+            load_yaml(path, resolve_func=False)  # an include base without `task:` is fine
         except Exception as exc:
             broken.append((path, _first(exc)))
     return broken
