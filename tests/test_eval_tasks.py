@@ -161,6 +161,19 @@ def test_check_tasks_names_a_recipe_sections_keys(tmp_path):
         harness.check_tasks(options)
 
 
+def test_a_hub_task_offline_is_one_line_naming_it(offline):
+    """lm-eval's own task (its data on the hub) with the hub out of reach: one line, not
+    datasets' ConnectionError."""
+    from dtcli.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        harness.evaluate(fake_lm(), harness.TaskOptions(("lambada_openai",), limit=2))
+    assert str(caught.value).startswith("--tasks lambada_openai: cannot fetch a task's data (")
+    assert str(caught.value).endswith(
+        "offline, only tasks whose data are local or already cached run"
+    )
+
+
 def test_without_lm_eval_eval_tasks_says_how_to_install_it(monkeypatch, tmp_path, cli):
     """lm_eval's import failing (an install without the extra): one line naming --tasks and the
     extra, exit 2, before any checkpoint is read (there is none here)."""

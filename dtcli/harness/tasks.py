@@ -181,18 +181,35 @@ def task_manager(options: TaskOptions) -> Any:
     return _manager(include, defaults=True)
 
 
-def evaluate(lm: Any, options: TaskOptions, model_name: str | None = None) -> dict[str, Any]:
+def evaluate(
+    lm: Any, options: TaskOptions, model_name: str | None = None, named: str = "--tasks"
+) -> dict[str, Any]:
     """lm_eval.simple_evaluate of the LM instance `lm` on `options`: lm-eval's results dict as
     its CLI saves it (the run's configuration, task hashes and times included; `samples` too with
     log_samples). `model_name`: what the results call the model (lm-eval's `model_name`, which
-    names the folder under an --output-path), the checkpoint's path."""
-    import lm_eval
+    names the folder under an --output-path), the checkpoint's path. A task whose data cannot be
+    fetched (a hub task offline) is one line naming `named`."""
     from lm_eval.loggers import EvaluationTracker
 
     tracker = EvaluationTracker()
+    try:
+        results = _simple_evaluate(lm, options, tracker, model_name)
+    except ConnectionError as exc:  # what datasets raises for a hub data set it cannot reach
+        raise UsageError(
+            f"{named} {','.join(options.tasks)}: cannot fetch a task's data ({_first(exc)}); "
+            "offline, only tasks whose data are local or already cached run"
+        ) from None
+    return _as_saved(dict(results), tracker)
+
+
+def _simple_evaluate(
+    lm: Any, options: TaskOptions, tracker: Any, model_name: str | None
+) -> dict[str, Any]:
+    import lm_eval
+
     model_args = {"path": model_name} if model_name else ""
     random_seed, numpy_seed, torch_seed, fewshot_seed = options.seed
-    results = lm_eval.simple_evaluate(
+    return lm_eval.simple_evaluate(
         model=lm,
         model_args=model_args,
         tasks=list(options.tasks),
@@ -208,7 +225,6 @@ def evaluate(lm: Any, options: TaskOptions, model_name: str | None = None) -> di
         torch_random_seed=torch_seed,
         fewshot_random_seed=fewshot_seed,
     )
-    return _as_saved(dict(results), tracker)
 
 
 def _as_saved(results: dict[str, Any], tracker: Any) -> dict[str, Any]:
