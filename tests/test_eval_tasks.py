@@ -180,6 +180,29 @@ def test_a_hub_task_offline_is_one_line_naming_it(offline):
     )
 
 
+def test_the_task_index_is_built_once_for_the_check_and_every_evaluation(offline, monkeypatch):
+    """check_tasks then evaluate (at each evaluation of a training run) share one TaskManager
+    per include path: lm-eval's own index takes seconds to build."""
+    import lm_eval.tasks
+
+    from dtcli.harness import tasks as tasks_lib
+
+    built = []
+    real = lm_eval.tasks.TaskManager
+
+    def counted(*args, **kwargs):
+        built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", counted)
+    tasks_lib._manager.cache_clear()
+    options = harness.TaskOptions(("tiny_ppl",), include_path=str(offline), limit=1)
+    harness.check_tasks(options)
+    for _ in range(2):
+        harness.evaluate(fake_lm(), options)
+    assert built == [{"include_path": str(offline), "include_defaults": False}]
+
+
 def test_without_lm_eval_eval_tasks_says_how_to_install_it(monkeypatch, tmp_path, cli):
     """lm_eval's import failing (an install without the extra): one line naming --tasks and the
     extra, exit 2, before any checkpoint is read (there is none here)."""
