@@ -22,6 +22,7 @@ from dtcli.recipe import Recipe
 from dtcli.session import Session, finetune, prepare
 from dtcli.steps import make_steps
 from dtcli.stretches import finished
+from dtcli.train import tasks as eval_tasks
 from dtcli.train.clients import join, peer_failures
 from dtcli.train.console import header, nothing_to_train, profile_report, summary
 from dtcli.train.loop import EpochLoop, NoWriter, Writer
@@ -149,6 +150,7 @@ def _open_and_train(run: Run) -> RunResult:
     # Before the folder is made and before the model is allocated.
     role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
     memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
+    eval_tasks.check(recipe)  # lm-eval's task index: before the folder and TensorFlow
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
     # Where the run's output is no terminal: a line at least every BEAT_EVERY seconds, from
     # TensorFlow's start to the plots (the first compile alone took ~90 s for gpt_fsdp_tp).
@@ -283,6 +285,8 @@ def _train(run: Run) -> RunResult:
         profiler,
         run.beat,
     )
+    if run.recipe.train.eval_tasks is not None:
+        loop.tasks = eval_tasks.TaskRunner(session, run.recipe.train.eval_tasks)
     before = len(history)
     try:
         with stopper, peer_failures(run.cluster, checkpointer):

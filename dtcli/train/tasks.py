@@ -1,0 +1,81 @@
+"""`train.eval_tasks`: a language model's lm-evaluation-harness tasks, checked before TensorFlow
+starts and run after each evaluation on every client (each computes the same requests in the
+same order; client 0's writer records the metrics).
+
+lm_eval is an optional extra: it is imported here only when a recipe names tasks.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from dtcli.recipe import EvalTasksConfig, Recipe
+
+KEY = "train.eval_tasks"
+# The loop's records: the seconds the tasks took (beside the training's own `seconds`).
+SECONDS = "eval_tasks_seconds"
+
+
+def options(cfg: EvalTasksConfig) -> Any:
+    """The recipe's section as the harness's TaskOptions (lm-eval's own seeds)."""
+    from dtcli import harness
+
+    return harness.TaskOptions(
+        tasks=tuple(cfg.tasks),
+        include_path=cfg.include_path,
+        limit=cfg.limit,
+        num_fewshot=cfg.num_fewshot,
+        batch_size=cfg.batch_size,
+    )
+
+
+def check(recipe: Recipe) -> None:
+    """lm_eval installed and every task name known to it (the include path's YAMLs parse):
+    one line naming train.eval_tasks otherwise. No TensorFlow."""
+    cfg = recipe.train.eval_tasks
+    if cfg is None:
+        return
+    from dtcli import harness
+
+    harness.require_lm_eval(KEY)
+    harness.check_tasks(options(cfg), named=KEY)
+
+
+class TaskRunner:
+    """The tasks of one run's loop: one SessionLM for all its evaluations, so that its forward
+    passes trace and lower once, not at each evaluation."""
+
+    def __init__(self, session: Any, cfg: EvalTasksConfig) -> None:
+        self.session, self.options = session, options(cfg)
+        self._lm: Any = None
+
+    def __call__(self) -> dict[str, float]:
+        """The tasks' metrics on the session's weights now (TASK/METRIC), and their seconds."""
+        from dtcli import harness
+        from dtcli.harness import tasks as harness_tasks
+        from dtcli.harness.model import SessionLM
+
+        if self._lm is None:
+            self._lm = SessionLM(self.session, self.options.batch_size)
+        start = time.perf_counter()
+        with _global_rng_kept():
+            results = harness_tasks.evaluate(self._lm, self.options)
+        return {**harness.metrics(results), SECONDS: time.perf_counter() - start}
+
+
+class _global_rng_kept:
+    """lm-eval seeds Python's and NumPy's global generators for its own sampling; training
+    goes on with them as they were."""
+
+    def __enter__(self) -> None:
+        import numpy as np
+
+        self._python, self._numpy = random.getstate(), np.random.get_state()
+
+    def __exit__(self, *exc: object) -> None:
+        import numpy as np
+
+        random.setstate(self._python)
+        np.random.set_state(self._numpy)
