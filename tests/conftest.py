@@ -9,6 +9,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -382,3 +383,39 @@ def checkpoint_tensors(checkpoint: Path) -> dict:
         for key in reader.get_variable_to_shape_map()
         if key.startswith("model/") and "OPTIMIZER_SLOT" not in key
     }
+
+
+LM_TASKS = ROOT / "tests" / "data" / "lm_tasks"  # lm-eval task YAMLs over local JSON files
+LM_CONTEXT = 64
+# A tiny GPT on tiny Shakespeare with a byte-level BPE of 300 ids (the model's vocabulary 320),
+# context 64: trained enough that its choices are no coin toss (the eval loss well under the
+# first step's) and small enough to train in seconds.
+LM_TRAIN = [
+    f"model.transformer={{layers: 2, d_model: 64, heads: 4, mlp_ratio: 2, context: {LM_CONTEXT}}}",
+    "data.tokenizer=bpe:300",
+    "data.batch_size=16",
+    "data.eval_batch_size=8",
+    "train.steps_per_call=30",
+    "train.steps=90",
+    "train.eval_every=90",
+    "train.log_every=30",
+    "optimizer.learning_rate=1e-2",
+    "optimizer.warmup_steps=5",
+]
+
+
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory, cpu8) -> Path:
+    """A language model's run directory (LM_TRAIN, trained in this process on batch=8):
+    shared by every test that evaluates a language model; copy it before changing anything."""
+    folder = tmp_path_factory.mktemp("lm_run")
+    corpus = write_corpus(folder / "corpus.txt", 100_000)
+    sets = [x for s in (f"data.path={corpus}", *LM_TRAIN) for x in ("--set", s)]
+    out = folder / "run"
+    recipe = RECIPES / "tiny_gpt.yaml"
+    r = run_cli("train", recipe, *sets, "--mesh", "batch=8", "--devices", "cpu:8", "--out", out)
+    assert r.code == 0, r.err
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # ln(320) = 5.77 nats: a uniform guess over the model's vocabulary, where training starts.
+    assert record["eval_loss"] < 0.75 * math.log(320), record
+    return out
