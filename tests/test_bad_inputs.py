@@ -613,6 +613,47 @@ CASES: dict[str, Case] = {
         "data.name=tiny_shakespeare", "data.path={tmp}", expect="recipe key 'data.name'"
     ),
     "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
+    # ---- train.eval_tasks (lm-eval tasks at each evaluation)
+    "eval tasks on a classifier": t(
+        "train.eval_tasks={tasks: [tiny_mc]}",
+        expect="recipe key 'train.eval_tasks': lm-evaluation-harness tasks score a language "
+        "model's text; this recipe's task is classify",
+    ),
+    "eval tasks empty": lm(
+        "train.eval_tasks={tasks: []}",
+        expect="recipe key 'train.eval_tasks.tasks': expected a non-empty list of task names",
+    ),
+    "eval tasks missing": lm(
+        "train.eval_tasks={limit: 5}", expect="recipe key 'train.eval_tasks.tasks'"
+    ),
+    "eval tasks a comma list": lm(
+        "train.eval_tasks={tasks: ['tiny_mc,tiny_ppl']}",
+        expect="recipe key 'train.eval_tasks.tasks[0]': expected a task name (one a list item",
+    ),
+    "eval tasks a string": lm(
+        "train.eval_tasks={tasks: tiny_mc}",
+        expect="recipe key 'train.eval_tasks.tasks': expected a list of strings",
+    ),
+    "eval tasks limit 0": lm(
+        "train.eval_tasks={tasks: [tiny_mc], limit: 0}",
+        expect="recipe key 'train.eval_tasks.limit': expected a number > 0",
+    ),
+    "eval tasks fewshot negative": lm(
+        "train.eval_tasks={tasks: [tiny_mc], num_fewshot: -1}",
+        expect="recipe key 'train.eval_tasks.num_fewshot': expected an integer >= 0 or null",
+    ),
+    "eval tasks batch 0": lm(
+        "train.eval_tasks={tasks: [tiny_mc], batch_size: 0}",
+        expect="recipe key 'train.eval_tasks.batch_size': expected an integer >= 1 or null",
+    ),
+    "eval tasks include path empty": lm(
+        "train.eval_tasks={tasks: [tiny_mc], include_path: ''}",
+        expect="recipe key 'train.eval_tasks.include_path'",
+    ),
+    "eval tasks key misspelt": lm(
+        "train.eval_tasks={tasks: [tiny_mc], limits: 5}",
+        expect="unknown recipe key 'train.eval_tasks.limits' (did you mean 'limit'?)",
+    ),
     # ---- tokenizers and token shards
     "tokenizer on a classifier": t(
         "data.tokenizer=bytes", expect="recipe key 'data.tokenizer': source embedded reads no text"
@@ -1818,6 +1859,15 @@ CASES: dict[str, Case] = {
     ),
     "plot metric bogus": c(
         "plot", "{run}", "--metric", "f1", "--out", "{tmp}/p", expect="--metric"
+    ),
+    "plot task metric not recorded": c(
+        "plot",
+        "{run}",
+        "--metric",
+        "tiny_mc/acc",
+        "--out",
+        "{tmp}/p",
+        expect="--metric tiny_mc/acc: no run here recorded it",
     ),
     "plot out a file": c(
         "plot", "{run}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")
