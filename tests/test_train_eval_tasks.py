@@ -64,12 +64,17 @@ def offline(tmp_path_factory):
 def trained(tmp_path_factory, offline, cpu8):
     """40 steps on batch=2,model=2 (4 of the 8 virtual CPUs), evaluated with the tasks at steps
     20 and 40: the harness's forward passes lower beside the live training steps."""
+    from dtcli import progress
+
     folder = tmp_path_factory.mktemp("eval_tasks")
     corpus = write_corpus(folder / "corpus.txt", 40_000)
     out = folder / "run"
     more = ("train.steps=40", "train.eval_every=20", f"train.eval_tasks={TASKS}")
     args = sets(f"data.path={corpus}", *TRAIN, *more)
-    r = run_cli("train", TP, *args, "--mesh", "batch=2,model=2", "--devices", "cpu:4", "--out", out)
+    mesh = ("--mesh", "batch=2,model=2", "--devices", "cpu:4")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(progress, "BEAT_EVERY", 0.05)  # a heartbeat line while the tasks run
+        r = run_cli("train", TP, *args, *mesh, "--out", out)
     assert r.code == 0, r.err
     return out, r
 
@@ -109,6 +114,7 @@ def test_each_evaluation_records_the_tasks_as_its_checkpoint_scores_them(trained
     assert records[0]["tiny_ppl/word_perplexity"] != records[1]["tiny_ppl/word_perplexity"]
     lines = [x for x in r.err.splitlines() if x.startswith("step ")]
     assert len(lines) == 2 and all(" | tiny_mc/acc " in x for x in lines), lines
+    assert "running lm-eval tasks" in r.err
 
 
 def test_tensorboard_holds_the_task_metrics_under_their_names(trained):
