@@ -625,43 +625,60 @@ CASES: dict[str, Case] = {
     ),
     "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
     # ---- train.eval_tasks (lm-eval tasks at each evaluation)
-    "eval tasks on a classifier": t(
+    "train eval_tasks on a classifier": t(
         "train.eval_tasks={tasks: [tiny_mc]}",
         expect="recipe key 'train.eval_tasks': lm-evaluation-harness tasks score a language "
         "model's text; this recipe's task is classify",
     ),
-    "eval tasks empty": lm(
+    "train eval_tasks empty": lm(
         "train.eval_tasks={tasks: []}",
         expect="recipe key 'train.eval_tasks.tasks': expected a non-empty list of task names",
     ),
-    "eval tasks missing": lm(
+    "train eval_tasks missing": lm(
         "train.eval_tasks={limit: 5}", expect="recipe key 'train.eval_tasks.tasks'"
     ),
-    "eval tasks a comma list": lm(
+    "train eval_tasks a comma list": lm(
         "train.eval_tasks={tasks: ['tiny_mc,tiny_ppl']}",
         expect="recipe key 'train.eval_tasks.tasks[0]': expected a task name (one a list item",
     ),
-    "eval tasks a string": lm(
+    "train eval_tasks a string": lm(
         "train.eval_tasks={tasks: tiny_mc}",
         expect="recipe key 'train.eval_tasks.tasks': expected a list of strings",
     ),
-    "eval tasks limit 0": lm(
+    "train eval_tasks limit 0": lm(
         "train.eval_tasks={tasks: [tiny_mc], limit: 0}",
         expect="recipe key 'train.eval_tasks.limit': expected a number > 0",
     ),
-    "eval tasks fewshot negative": lm(
+    "train eval_tasks fewshot negative": lm(
         "train.eval_tasks={tasks: [tiny_mc], num_fewshot: -1}",
         expect="recipe key 'train.eval_tasks.num_fewshot': expected an integer >= 0 or null",
     ),
-    "eval tasks batch 0": lm(
+    "train eval_tasks batch 0": lm(
         "train.eval_tasks={tasks: [tiny_mc], batch_size: 0}",
         expect="recipe key 'train.eval_tasks.batch_size': expected an integer >= 1 or null",
     ),
-    "eval tasks include path empty": lm(
+    "train eval_tasks include path empty": lm(
         "train.eval_tasks={tasks: [tiny_mc], include_path: ''}",
         expect="recipe key 'train.eval_tasks.include_path'",
     ),
-    "eval tasks key misspelt": lm(
+    "train eval_tasks unknown": lm(
+        "train.eval_tasks={tasks: [tiny_mcq], include_path: {tmp}/tasks}",
+        expect="recipe key 'train.eval_tasks.tasks': unknown task 'tiny_mcq'",
+        setup=lm_tasks(),
+    ),
+    "train eval_tasks include path a file": lm(
+        "train.eval_tasks={tasks: [tiny_mc], include_path: {tmp}/f}",
+        expect="recipe key 'train.eval_tasks.include_path' '{tmp}/f': not a folder",
+        setup=file_at("f"),
+    ),
+    # checked once by launch, before any client starts (the names: as train checks them)
+    "launch eval tasks include path a file": c(
+        *("launch", "--clients", "2", "--devices-per-client", "cpu:2", GPT, "--mesh", "batch=4"),
+        *("--set", "train.eval_tasks={tasks: [tiny_mc], include_path: {tmp}/f}"),
+        expect="recipe key 'train.eval_tasks.include_path' '{tmp}/f': not a folder",
+        setup=file_at("f"),
+    ),
+    "train eval_tasks key misspelt": lm(
         "train.eval_tasks={tasks: [tiny_mc], limits: 5}",
         expect="unknown recipe key 'train.eval_tasks.limits' (did you mean 'limit'?)",
     ),
