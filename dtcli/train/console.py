@@ -104,7 +104,7 @@ def task_metric(record: dict[str, Any], cfg: TrainConfig) -> str:
     first = cfg.eval_tasks.tasks[0] + "/"
     for key, value in record.items():
         if key.startswith(first) and "_stderr" not in key and isinstance(value, (int, float)):
-            return f" | {key} {value:.4g}"
+            return f" | {key} {value:.4f}" if abs(value) < 100 else f" | {key} {value:,.1f}"
     return ""
 
 

@@ -284,9 +284,8 @@ def _train(run: Run) -> RunResult:
         on_first_step,
         profiler,
         run.beat,
+        tasks=_task_runner(run, session),
     )
-    if run.recipe.train.eval_tasks is not None:
-        loop.tasks = eval_tasks.TaskRunner(session, run.recipe.train.eval_tasks)
     before = len(history)
     try:
         with stopper, peer_failures(run.cluster, checkpointer):
@@ -297,6 +296,12 @@ def _train(run: Run) -> RunResult:
             profiler.finish(int(session.optimizer.iterations.numpy()))
     _sum_up(run, session, profiler, history, before)
     return RunResult(run.folder.path, history)
+
+
+def _task_runner(run: Run, session: Session) -> eval_tasks.TaskRunner | None:
+    """train.eval_tasks' runner for the loop (None: the recipe names no tasks)."""
+    cfg = run.recipe.train.eval_tasks
+    return None if cfg is None else eval_tasks.TaskRunner(session, cfg, run.folder.path)
 
 
 def _stopper(run: Run) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from dtcli.recipe import EvalTasksConfig, Recipe
@@ -45,10 +46,11 @@ def check(recipe: Recipe) -> None:
 
 class TaskRunner:
     """The tasks of one run's loop: one SessionLM for all its evaluations, so that its forward
-    passes trace and lower once, not at each evaluation."""
+    passes trace and lower once, not at each evaluation. `run_dir`: the run's folder (its
+    tokenizer's chat template and end-of-sequence ids, as eval reads them)."""
 
-    def __init__(self, session: Any, cfg: EvalTasksConfig) -> None:
-        self.session, self.options = session, options(cfg)
+    def __init__(self, session: Any, cfg: EvalTasksConfig, run_dir: Path) -> None:
+        self.session, self.options, self.run_dir = session, options(cfg), run_dir
         self._lm: Any = None
 
     def __call__(self) -> dict[str, float]:
@@ -58,7 +60,7 @@ class TaskRunner:
         from dtcli.harness.model import SessionLM
 
         if self._lm is None:
-            self._lm = SessionLM(self.session, self.options.batch_size)
+            self._lm = SessionLM(self.session, self.options.batch_size, run_dir=self.run_dir)
         start = time.perf_counter()
         with _global_rng_kept():
             results = harness_tasks.evaluate(self._lm, self.options)
