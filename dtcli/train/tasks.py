@@ -7,8 +7,11 @@ lm_eval is an optional extra: it is imported here only when a recipe names tasks
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +65,30 @@ class TaskRunner:
         if self._lm is None:
             self._lm = SessionLM(self.session, self.options.batch_size, run_dir=self.run_dir)
         start = time.perf_counter()
-        with _global_rng_kept():
+        with _global_rng_kept(), _quiet_loggers():
             results = harness_tasks.evaluate(self._lm, self.options)
         return {**harness.metrics(results), SECONDS: time.perf_counter() - start}
+
+
+@contextlib.contextmanager
+def _quiet_loggers() -> Iterator[None]:
+    """lm-eval's and datasets' warnings and datasets' progress bars, at every evaluation, would
+    fill the run's output between its epoch lines: only their errors while the tasks run."""
+    import datasets
+
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "datasets")]
+    levels = [logger.level for logger in loggers]
+    bars = datasets.is_progress_bar_enabled()
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 class _global_rng_kept:
