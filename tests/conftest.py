@@ -107,6 +107,7 @@ def dtcli(
 # mesh_invariance 50, sft_e2e 49,
 # accumulate 45, xla 41, from_run ~40 and packing ~35 (wall), real_data and train_loop 40, tokens 35 (and its launch's waits),
 # memory 28, instruction_data 38, doctor 26, generate_chat 26, generate 23, score 29,
+# harness ~45 (wall, alone, lm_run's training included, 2026-11-27),
 # bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
 # sharding 6, pipeline 5; the rest 3 or less. xdist hands out whole files (`--dist loadfile`,
 # `--no-loadscope-reorder`) in collection order: the long ones start first and the short ones
@@ -136,6 +137,7 @@ SLOWEST_FILES = [
     "test_doctor.py",
     "test_generate_chat.py",
     "test_generate.py",
+    "test_harness.py",
     "test_score.py",
     "test_bad_inputs.py",
     "test_plan.py",

@@ -296,3 +296,32 @@ def test_the_tasks_load_from_a_copy_of_their_folder(tmp_path, monkeypatch):
     counts = {name: len(list(task.test_docs())) for name, task in tasks.items()}
     assert counts == {"tiny_mc": len(MC), "tiny_ppl": len(PPL), "tiny_gen": len(GEN)}
     assert os.environ["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_a_bos_tokenizer_encodes_as_score_and_lm_evals_hf(lms, lm_run):
+    """With a post-processor that writes a BOS (a Llama tokenizer's): tok_encode puts it first
+    as score's encoding does, not twice where the text starts with it; the prefix token is the
+    BOS; add_special_tokens=False writes none."""
+    from tokenizers import Tokenizer, processors
+
+    from dtcli.data.tokenizer import HFTokenizer
+    from dtcli.harness.model import SessionLM
+
+    tok = Tokenizer.from_file(str(lm_run / "tokenizer.json"))
+    bos = tok.token_to_id(EOT_TEXT)  # stands in for a BOS: a special token of its own
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{EOT_TEXT} $A", special_tokens=[(EOT_TEXT, bos)]
+    )
+    session = lms["one"].session
+    data = dataclasses.replace(session.data, tokenizer=HFTokenizer(tok, "with a BOS"))
+    lm = SessionLM(dataclasses.replace(session, data=data))
+    plain = tok.encode("The king", add_special_tokens=False).ids
+    assert lm.prefix_token_id == bos
+    assert lm.tok_encode("The king") == [bos, *plain]
+    assert lm.tok_encode(EOT_TEXT + "The king") == [bos, *plain]
+    assert lm.tok_encode("The king", add_special_tokens=False) == plain
+
+
+def test_a_chat_template_is_refused_where_the_run_has_none(lms):
+    with pytest.raises(UsageError, match="--apply-chat-template: this run was trained without"):
+        lms["one"].apply_chat_template([{"role": "user", "content": "Hi"}])
