@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LM_TASKS, RECIPES, dtcli, run_cli, write_corpus
+from conftest import LM_TASKS, RECIPES, dtcli, run_cli, run_python, write_corpus
 
 from dtcli import metrics as metrics_lib
 from dtcli import recipe as recipe_lib
@@ -197,6 +197,21 @@ def test_without_lm_eval_the_recipe_is_refused_before_the_run_starts(tmp_path, m
         "error: train.eval_tasks: needs lm-evaluation-harness, an optional extra: "
         "pip install 'dtensor-cli[eval]'"
     ]
+    assert not out.exists()
+
+
+def test_the_task_names_are_checked_before_tensorflow_starts(tmp_path):
+    """In a fresh process: the refusal comes with no TensorFlow imported and no run folder."""
+    section = f"train.eval_tasks={{tasks: [tiny_mc], include_path: {tmp_path / 'f'}}}"
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "run"
+    code = f"""
+        import json, sys
+        from dtcli import cli
+        code = cli.run(["train", {str(GPT)!r}, "--set", {section!r}, "--out", {str(out)!r}])
+        print(json.dumps([code, "tensorflow" in sys.modules]))
+    """
+    assert run_python(code) == [2, False]
     assert not out.exists()
 
 
