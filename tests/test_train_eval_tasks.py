@@ -5,6 +5,7 @@ clients record what one process computes."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -79,11 +80,29 @@ def trained(tmp_path_factory, offline, cpu8):
     more = ("train.steps=40", "train.eval_every=20", f"train.eval_tasks={ALL_TASKS}")
     args = sets(f"data.path={corpus}", *TRAIN, *more)
     mesh = ("--mesh", "batch=4,model=2", "--devices", "cpu:8")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(progress, "BEAT_EVERY", 0.05)  # a heartbeat line while the tasks run
-        r = run_cli("train", TP, *args, *mesh, "--out", out)
+    heard = Heard()
+    logging.getLogger("lm_eval").addHandler(heard)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(progress, "BEAT_EVERY", 0.05)  # a heartbeat line while the tasks run
+            r = run_cli("train", TP, *args, *mesh, "--out", out)
+    finally:
+        logging.getLogger("lm_eval").removeHandler(heard)
     assert r.code == 0, r.err
+    # lm-eval's warnings (one per task, each evaluation) stay out of the run's output
+    assert [x.getMessage() for x in heard.records if x.levelno >= logging.WARNING] == []
     return out, r
+
+
+class Heard(logging.Handler):
+    """The log records a logger passed on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def restored_metrics(

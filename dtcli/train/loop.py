@@ -88,7 +88,7 @@ class EpochLoop:
     beat: progress_lib.Heartbeat | None = None  # told what the loop does (a piped run's lines)
     trained: int = 0  # steps this process trained
     eval_packed: list | None = None  # an in-memory eval split's batches, packed once
-    tasks: Callable[[], dict[str, float]] | None = None  # train.eval_tasks (train.tasks)
+    tasks: Callable[[], dict[str, float]] | None = None  # train.eval_tasks: tasks.TaskRunner
 
     def run(self, history: list[dict[str, Any]], start: EpochState) -> list[dict[str, Any]]:
         """Train from `start`; `history` gets each epoch's record."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +64,7 @@ class TaskRunner:
         if self._lm is None:
             self._lm = SessionLM(self.session, self.options.batch_size, run_dir=self.run_dir)
         start = time.perf_counter()
-        with _global_rng_kept(), _quiet_loggers():
+        with _quiet_loggers():
             results = harness_tasks.evaluate(self._lm, self.options)
         return {**harness.metrics(results), SECONDS: time.perf_counter() - start}
 
@@ -89,19 +88,3 @@ def _quiet_loggers() -> Iterator[None]:
             logger.setLevel(level)
         if bars:
             datasets.enable_progress_bars()
-
-
-class _global_rng_kept:
-    """lm-eval seeds Python's and NumPy's global generators for its own sampling; training
-    goes on with them as they were."""
-
-    def __enter__(self) -> None:
-        import numpy as np
-
-        self._python, self._numpy = random.getstate(), np.random.get_state()
-
-    def __exit__(self, *exc: object) -> None:
-        import numpy as np
-
-        random.setstate(self._python)
-        np.random.set_state(self._numpy)
