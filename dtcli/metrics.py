@@ -18,7 +18,10 @@ from dtcli.errors import TrainingError
 
 def tensorboard_tag(name: str, per_step: bool = False) -> str:
     """TensorBoard groups tags by their first '/': train/loss beside train/accuracy, eval/...,
-    step/ (the per-step loss, gradient norm, learning rate), time/, perf/ (rates, FLOP/s)."""
+    step/ (the per-step loss, gradient norm, learning rate), time/, perf/ (rates, FLOP/s). A
+    name with a '/' of its own (an lm-eval task's TASK/METRIC) is its tag: grouped by task."""
+    if "/" in name:
+        return name
     if per_step:
         return f"step/{name}"
     for group in ("train", "eval"):

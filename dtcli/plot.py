@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,11 @@ def plot_runs(
     import matplotlib.pyplot as plt
 
     for metric in metrics or []:
-        if metric not in FIGURES:
-            raise UsageError(f"--metric {metric!r}: expected one of {', '.join(FIGURES)}")
+        if metric not in FIGURES and not _is_task_metric(metric):
+            raise UsageError(
+                f"--metric {metric!r}: expected one of {', '.join(FIGURES)}, or an lm-eval "
+                "task's TASK/METRIC that train.eval_tasks recorded"
+            )
     out_dir = storage.as_path(out_dir)
     runs = load_runs(run_dirs, warn)  # first: a wrong RUN_DIR also makes its default --out wrong
     rundir.check_output_folder(out_dir, out_arg, refuse_held=False)
@@ -92,7 +96,8 @@ def plot_runs(
     # A language model (train.steps runs) is drawn against the step, and has more to show.
     language = any("eval_perplexity" in r for records in runs.values() for r in records)
     defaults = _default_metrics(language, bool(steps))
-    wanted = metrics or [m for m in defaults if _recorded(m, runs, steps)] or defaults[:1]
+    recorded = [m for m in defaults if _recorded(m, runs, steps)] + _task_metrics(runs)
+    wanted = metrics or recorded or defaults[:1]
     _check_recorded(wanted, runs, steps)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,22 +109,51 @@ def plot_runs(
     for metric in wanted:
         fig = _figure(plt, metric, runs, steps, language)
         try:
-            written.append(_save(fig, out_dir / f"{metric}.png", out_dir, out_arg))
+            written.append(_save(fig, out_dir / _file_name(metric), out_dir, out_arg))
         finally:
             plt.close(fig)
     return written
 
 
+def _is_task_metric(metric: str) -> bool:
+    """An lm-eval task's metric as train.eval_tasks records it: TASK/METRIC[/FILTER]."""
+    return "/" in metric and all(metric.split("/"))
+
+
+def _task_metrics(runs: dict[str, list]) -> list[str]:
+    """The task metrics the runs recorded, in their order, standard errors left out (each is
+    its own figure on request: --metric TASK/METRIC_stderr)."""
+    seen = dict.fromkeys(
+        key
+        for records in runs.values()
+        for r in records
+        for key in r
+        if _is_task_metric(key) and "_stderr" not in key
+    )
+    return list(seen)
+
+
+def _keys(metric: str) -> tuple[str, ...]:
+    """The record keys a metric's figure draws (a task metric: its own)."""
+    return FIGURES.get(metric, (metric,))
+
+
+def _file_name(metric: str) -> str:
+    """The PNG of a metric: in a task metric's name each '/' (and anything else a file name
+    should not hold) becomes '-' (tiny_mc/acc: tiny_mc-acc.png)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", metric) + ".png"
+
+
 def _recorded(metric: str, runs: dict[str, list], steps: dict[str, list]) -> bool:
     series = steps if metric in STEP_METRICS else runs
-    return any(key in r for records in series.values() for r in records for key in FIGURES[metric])
+    return any(key in r for records in series.values() for r in records for key in _keys(metric))
 
 
 def _check_recorded(wanted: list[str], runs: dict[str, list], steps: dict[str, list]) -> None:
     """Every metric asked for is in some run's records, before anything is written."""
     for metric in wanted:
         if not _recorded(metric, runs, steps):
-            have = [m for m in FIGURES if _recorded(m, runs, steps)]
+            have = [m for m in FIGURES if _recorded(m, runs, steps)] + _task_metrics(runs)
             raise UsageError(
                 f"--metric {metric}: no run here recorded it; they have {', '.join(have) or 'none'}"
             )
@@ -157,7 +191,9 @@ def _figure(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole
     ax.set_ylabel(metric.replace("_", " "))
     versus = " vs training steps" if language else " vs training epochs"
-    title = TITLES[metric] + (versus if metric in ("loss", "accuracy") else "")
+    title = TITLES.get(metric, f"lm-eval {metric}") + (
+        versus if metric in ("loss", "accuracy") else ""
+    )
     if not several:
         title += f": {next(iter(runs))}"
     ax.set_title(title)
@@ -172,12 +208,12 @@ def _curves(
 ) -> None:
     """One run's curves in a figure, one per record key of the metric (train solid, eval
     dashed); `name` labels them when several runs overlay."""
-    for key in FIGURES[metric]:
+    for key in _keys(metric):
         points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
         if not points:
             continue
         xs, ys = zip(*points)
-        split = key.split("_")[0] if len(FIGURES[metric]) > 1 else ""
+        split = key.split("_")[0] if len(_keys(metric)) > 1 else ""
         label = " ".join(s for s in (name, split) if s) or key
         style = "--" if split == "eval" else "-"
         ax.plot(

@@ -624,6 +624,64 @@ CASES: dict[str, Case] = {
         "data.name=tiny_shakespeare", "data.path={tmp}", expect="recipe key 'data.name'"
     ),
     "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
+    # ---- train.eval_tasks (lm-eval tasks at each evaluation)
+    "train eval_tasks on a classifier": t(
+        "train.eval_tasks={tasks: [tiny_mc]}",
+        expect="recipe key 'train.eval_tasks': lm-evaluation-harness tasks score a language "
+        "model's text; this recipe's task is classify",
+    ),
+    "train eval_tasks empty": lm(
+        "train.eval_tasks={tasks: []}",
+        expect="recipe key 'train.eval_tasks.tasks': expected a non-empty list of task names",
+    ),
+    "train eval_tasks missing": lm(
+        "train.eval_tasks={limit: 5}", expect="recipe key 'train.eval_tasks.tasks'"
+    ),
+    "train eval_tasks a comma list": lm(
+        "train.eval_tasks={tasks: ['tiny_mc,tiny_ppl']}",
+        expect="recipe key 'train.eval_tasks.tasks[0]': expected a task name (one a list item",
+    ),
+    "train eval_tasks a string": lm(
+        "train.eval_tasks={tasks: tiny_mc}",
+        expect="recipe key 'train.eval_tasks.tasks': expected a list of strings",
+    ),
+    "train eval_tasks limit 0": lm(
+        "train.eval_tasks={tasks: [tiny_mc], limit: 0}",
+        expect="recipe key 'train.eval_tasks.limit': expected a number > 0",
+    ),
+    "train eval_tasks fewshot negative": lm(
+        "train.eval_tasks={tasks: [tiny_mc], num_fewshot: -1}",
+        expect="recipe key 'train.eval_tasks.num_fewshot': expected an integer >= 0 or null",
+    ),
+    "train eval_tasks batch 0": lm(
+        "train.eval_tasks={tasks: [tiny_mc], batch_size: 0}",
+        expect="recipe key 'train.eval_tasks.batch_size': expected an integer >= 1 or null",
+    ),
+    "train eval_tasks include path empty": lm(
+        "train.eval_tasks={tasks: [tiny_mc], include_path: ''}",
+        expect="recipe key 'train.eval_tasks.include_path'",
+    ),
+    "train eval_tasks unknown": lm(
+        "train.eval_tasks={tasks: [tiny_mcq], include_path: {tmp}/tasks}",
+        expect="recipe key 'train.eval_tasks.tasks': unknown task 'tiny_mcq'",
+        setup=lm_tasks(),
+    ),
+    "train eval_tasks include path a file": lm(
+        "train.eval_tasks={tasks: [tiny_mc], include_path: {tmp}/f}",
+        expect="recipe key 'train.eval_tasks.include_path' '{tmp}/f': not a folder",
+        setup=file_at("f"),
+    ),
+    # checked once by launch, before any client starts (the names: as train checks them)
+    "launch eval tasks include path a file": c(
+        *("launch", "--clients", "2", "--devices-per-client", "cpu:2", GPT, "--mesh", "batch=4"),
+        *("--set", "train.eval_tasks={tasks: [tiny_mc], include_path: {tmp}/f}"),
+        expect="recipe key 'train.eval_tasks.include_path' '{tmp}/f': not a folder",
+        setup=file_at("f"),
+    ),
+    "train eval_tasks key misspelt": lm(
+        "train.eval_tasks={tasks: [tiny_mc], limits: 5}",
+        expect="unknown recipe key 'train.eval_tasks.limits' (did you mean 'limit'?)",
+    ),
     # ---- tokenizers and token shards
     "tokenizer on a classifier": t(
         "data.tokenizer=bytes", expect="recipe key 'data.tokenizer': source embedded reads no text"
@@ -1891,6 +1949,15 @@ CASES: dict[str, Case] = {
     ),
     "plot metric bogus": c(
         "plot", "{run}", "--metric", "f1", "--out", "{tmp}/p", expect="--metric"
+    ),
+    "plot task metric not recorded": c(
+        "plot",
+        "{run}",
+        "--metric",
+        "tiny_mc/acc",
+        "--out",
+        "{tmp}/p",
+        expect="--metric tiny_mc/acc: no run here recorded it",
     ),
     "plot out a file": c(
         "plot", "{run}", "--out", "{tmp}/f", expect="is a file", setup=file_at("f")

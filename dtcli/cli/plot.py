@@ -16,7 +16,8 @@ def plot(
         None,
         "--metric",
         help="loss, accuracy, step_loss, examples_per_sec; language models also perplexity, "
-        "bpb, tokens_per_sec, learning_rate, grad_norm (repeatable).",
+        "bpb, tokens_per_sec, learning_rate, grad_norm; a run with train.eval_tasks its "
+        "TASK/METRIC names, e.g. hellaswag/acc (repeatable).",
     ),
 ) -> None:
     """Draw the metric curves of one or more runs (overlaid when several)."""

@@ -65,6 +65,7 @@ def plan(
     devices, gpus = _devices(loaded, clients, devices_per_client)
     on_devices = loaded if devices is None else recipe_lib.replace(loaded, devices=devices)
     memory_lib.check_before_run(on_devices, memory, "launcher", clients)
+    _check_eval_tasks(loaded)
     train_args: list[str] = []
     if resume is not None:
         train_args += ["--resume", str(run_dir)]
@@ -84,6 +85,18 @@ def plan(
         connect_timeout,
         grace,
     )
+
+
+def _check_eval_tasks(recipe: recipe_lib.Recipe) -> None:
+    """train.eval_tasks' names known to lm-eval: once here, before any client starts (each
+    client checks them again, as `train` does)."""
+    cfg = recipe.train.eval_tasks
+    if cfg is None:
+        return
+    from dtcli import harness
+
+    options = harness.TaskOptions(tasks=cfg.tasks, include_path=cfg.include_path)
+    harness.check_tasks(options, named="train.eval_tasks")
 
 
 def _devices(

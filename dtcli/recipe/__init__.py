@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from dtcli.recipe.configs import (
     STREAMED_SOURCES,
     TEXT_SOURCES,
     DataConfig,
+    EvalTasksConfig,
     LayoutConfig,
     LoraConfig,
     ModelConfig,
@@ -57,6 +59,7 @@ __all__ = [
     "TEXT_SOURCES",
     "UNSHARDED",
     "DataConfig",
+    "EvalTasksConfig",
     "LayoutConfig",
     "LoraConfig",
     "ModelConfig",
@@ -154,6 +157,12 @@ def _resolve(recipe: Recipe) -> Recipe:
             t = dataclasses.replace(
                 t, eval_every=every, epochs=-(-t.steps // every), steps_per_epoch=every
             )
+    tasks = t.eval_tasks
+    if tasks is not None and tasks.include_path and "://" not in tasks.include_path:
+        # Taken from the working directory, as data.path is; recorded absolute so that a
+        # resume (or another client) started elsewhere finds the same folder.
+        where = os.path.abspath(os.path.expanduser(tasks.include_path))
+        t = dataclasses.replace(t, eval_tasks=dataclasses.replace(tasks, include_path=where))
     return dataclasses.replace(recipe, data=d, train=t)
 
 

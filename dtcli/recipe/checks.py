@@ -52,6 +52,7 @@ def check(recipe: Recipe, command: str = "train") -> Recipe:
     check_data(recipe.data)
     # Before the batch's checks: train.accumulate divides data.batch_size there.
     _check_train(recipe.train)
+    _check_eval_tasks(recipe)
     check_batches_at_load(recipe, command)
     _check_precision(recipe)
     _check_optimizer(recipe.optimizer)
@@ -284,6 +285,39 @@ def _check_train(t: TrainConfig) -> None:
         value = getattr(t, key)
         if value < low:
             raise UsageError(f"recipe key 'train.{key}': expected an integer >= {low}, got {value}")
+
+
+def _check_eval_tasks(recipe: Recipe) -> None:
+    """train.eval_tasks' values (the task names themselves are lm-eval's to know: dtcli.train
+    asks it before TensorFlow starts, as this layer has no lm-eval)."""
+    tasks = recipe.train.eval_tasks
+    if tasks is None:
+        return
+    key = "recipe key 'train.eval_tasks"
+    if recipe.task != "language_model":
+        raise UsageError(
+            f"{key}': lm-evaluation-harness tasks score a language model's text; this recipe's "
+            f"task is {recipe.task} (remove train.eval_tasks)"
+        )
+    if not tasks.tasks:
+        raise UsageError(f"{key}.tasks': expected a non-empty list of task names, got []")
+    for i, name in enumerate(tasks.tasks):
+        if not name.strip() or "," in name:
+            raise UsageError(
+                f"{key}.tasks[{i}]': expected a task name (one a list item, no commas), "
+                f"got {name!r}"
+            )
+    if tasks.include_path is not None and not tasks.include_path.strip():
+        raise UsageError(f"{key}.include_path': expected a folder of task YAMLs or null, got ''")
+    if tasks.limit is not None and tasks.limit <= 0:
+        raise UsageError(
+            f"{key}.limit': expected a number > 0 (N documents per task, or below 1 a "
+            f"fraction of them) or null, got {tasks.limit:g}"
+        )
+    for name, low in (("num_fewshot", 0), ("batch_size", 1)):
+        value = getattr(tasks, name)
+        if value is not None and value < low:
+            raise UsageError(f"{key}.{name}': expected an integer >= {low} or null, got {value}")
 
 
 def _check_precision(recipe: Recipe) -> None:

@@ -275,6 +275,26 @@ class LoraConfig:
     from_peft: str | None = None
 
 
+@dataclass(frozen=True)
+class EvalTasksConfig:
+    """train.eval_tasks: lm-evaluation-harness tasks run on the model at each evaluation of a
+    language model, their metrics recorded beside the eval loss as TASK/METRIC
+    (docs/language-models.md). Needs the eval extra (lm_eval)."""
+
+    # Task names (or groups) lm-eval knows: its own, or those of the YAMLs under include_path.
+    tasks: tuple[str, ...] = ()
+    # A folder of task YAMLs (lm-eval's --include_path); a relative path is taken from the
+    # working directory, as data.path is, and recorded absolute in the resolved recipe.
+    include_path: str | None = None
+    # lm-eval's --limit: the first N documents of each task, or below 1 that fraction of them.
+    limit: float | None = None
+    # lm-eval's --num_fewshot (null: each task's own).
+    num_fewshot: int | None = None
+    # Requests per forward pass (null: data.eval_batch_size, else data.batch_size), rounded up
+    # to a multiple of the data axis.
+    batch_size: int | None = None
+
+
 # The default K of train.steps_per_call, chosen by measurement (bench/throughput.py: on 1 device
 # K=16 reached 0.94x the limit loop, K=4 0.69x; on 8 virtual CPUs K=4, 8, 16 were within noise).
 STEPS_PER_CALL = 16
@@ -313,6 +333,8 @@ class TrainConfig:
     # xla: XLA, refused on a mesh of more than one device (DTensor's XLA SPMD is TPU-only).
     # dtensor: DTensor's own compilation on any mesh (one device included).
     compile: Literal["auto", "xla", "dtensor"] = "auto"
+    # A language model's lm-evaluation-harness tasks, run after each evaluation (null: none).
+    eval_tasks: EvalTasksConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,8 @@ def epoch_line(record: dict[str, Any], cfg: TrainConfig) -> str:
         bpb = f" bpb {record['eval_bpb']:.4f}" if "eval_bpb" in record else ""
         return (
             f"{where} loss {record['train_loss']:.4f} | eval loss {record['eval_loss']:.4f}"
-            f"{bpb} ppl {record['eval_perplexity']:.2f} acc {record['eval_accuracy']:.4f} | "
+            f"{bpb} ppl {record['eval_perplexity']:.2f} acc {record['eval_accuracy']:.4f}"
+            f"{task_metric(record, cfg)} | "
             f"{record['tokens_per_sec']:,.0f} tok/s{per_device}{compiling}"
         )
     return (
@@ -93,6 +94,18 @@ def epoch_line(record: dict[str, Any], cfg: TrainConfig) -> str:
         f"acc {record['train_accuracy']:.4f} | eval loss {record['eval_loss']:.4f} "
         f"acc {record['eval_accuracy']:.4f} | {record['examples_per_sec']:,.0f} ex/s{compiling}"
     )
+
+
+def task_metric(record: dict[str, Any], cfg: TrainConfig) -> str:
+    """train.eval_tasks' first task's first metric, as ' | TASK/METRIC VALUE' (the rest are in
+    metrics.jsonl); '' without tasks."""
+    if cfg.eval_tasks is None:
+        return ""
+    first = cfg.eval_tasks.tasks[0] + "/"
+    for key, value in record.items():
+        if key.startswith(first) and "_stderr" not in key and isinstance(value, (int, float)):
+            return f" | {key} {value:.4f}" if abs(value) < 100 else f" | {key} {value:,.1f}"
+    return ""
 
 
 def summary(

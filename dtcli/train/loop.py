@@ -88,6 +88,7 @@ class EpochLoop:
     beat: progress_lib.Heartbeat | None = None  # told what the loop does (a piped run's lines)
     trained: int = 0  # steps this process trained
     eval_packed: list | None = None  # an in-memory eval split's batches, packed once
+    tasks: Callable[[], dict[str, float]] | None = None  # train.eval_tasks: tasks.TaskRunner
 
     def run(self, history: list[dict[str, Any]], start: EpochState) -> list[dict[str, Any]]:
         """Train from `start`; `history` gets each epoch's record."""
@@ -191,6 +192,9 @@ class EpochLoop:
         if state.compile_seconds:
             # The rate stays the loop's honest rate; the epoch line says why it is low here.
             record["compile_seconds"] = state.compile_seconds
+        if self.tasks is not None:  # every client: each computes the same requests
+            self._doing("running lm-eval tasks")
+            record.update(self.tasks())
         return record
 
     def _count_step(self) -> None:

@@ -22,6 +22,7 @@ from dtcli.recipe import Recipe
 from dtcli.session import Session, finetune, prepare
 from dtcli.steps import make_steps
 from dtcli.stretches import finished
+from dtcli.train import tasks as eval_tasks
 from dtcli.train.clients import join, peer_failures
 from dtcli.train.console import header, nothing_to_train, profile_report, summary
 from dtcli.train.loop import EpochLoop, NoWriter, Writer
@@ -149,6 +150,7 @@ def _open_and_train(run: Run) -> RunResult:
     # Before the folder is made and before the model is allocated.
     role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
     memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
+    eval_tasks.check(recipe)  # lm-eval's task index: before the folder and TensorFlow
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
     # Where the run's output is no terminal: a line at least every BEAT_EVERY seconds, from
     # TensorFlow's start to the plots (the first compile alone took ~90 s for gpt_fsdp_tp).
@@ -282,6 +284,7 @@ def _train(run: Run) -> RunResult:
         on_first_step,
         profiler,
         run.beat,
+        tasks=_task_runner(run, session),
     )
     before = len(history)
     try:
@@ -293,6 +296,12 @@ def _train(run: Run) -> RunResult:
             profiler.finish(int(session.optimizer.iterations.numpy()))
     _sum_up(run, session, profiler, history, before)
     return RunResult(run.folder.path, history)
+
+
+def _task_runner(run: Run, session: Session) -> eval_tasks.TaskRunner | None:
+    """train.eval_tasks' runner for the loop (None: the recipe names no tasks)."""
+    cfg = run.recipe.train.eval_tasks
+    return None if cfg is None else eval_tasks.TaskRunner(session, cfg, run.folder.path)
 
 
 def _stopper(run: Run) -> Any:
