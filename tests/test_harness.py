@@ -325,3 +325,26 @@ def test_a_bos_tokenizer_encodes_as_score_and_lm_evals_hf(lms, lm_run):
 def test_a_chat_template_is_refused_where_the_run_has_none(lms):
     with pytest.raises(UsageError, match="--apply-chat-template: this run was trained without"):
         lms["one"].apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+def test_apply_chat_template_renders_the_template_the_run_directory_keeps(lms, lm_run, tmp_path):
+    """--apply-chat-template on a run trained on plain text: the chat template of the
+    tokenizer_config.json the run keeps in RUN_DIR/hf (an imported model's), found from the run
+    directory SessionLM is given; a run directory without one is refused."""
+    from dtcli.harness.model import SessionLM
+
+    session = lms["one"].session
+    run = tmp_path / "run"
+    (run / "hf").mkdir(parents=True)
+    (run / "tokenizer.json").write_bytes((lm_run / "tokenizer.json").read_bytes())
+    template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    config = {"chat_template": template}
+    (run / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
+    history = [{"role": "user", "content": "Who comes here?"}]
+    rendered = SessionLM(session, run_dir=run).apply_chat_template(history)
+    assert rendered == "[user] Who comes here?\n[assistant] "
+    with pytest.raises(UsageError, match="--apply-chat-template"):
+        SessionLM(session, run_dir=lm_run).apply_chat_template(history)

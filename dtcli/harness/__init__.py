@@ -4,6 +4,7 @@ only inside the functions that need it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from dtcli.harness.tasks import (
@@ -32,9 +33,17 @@ __all__ = [
 ]
 
 
-def run_tasks(session: Any, options: TaskOptions, model_name: str | None = None) -> dict[str, Any]:
+def run_tasks(
+    session: Any,
+    options: TaskOptions,
+    model_name: str | None = None,
+    run_dir: Path | None = None,
+) -> dict[str, Any]:
     """`options`' tasks run by lm-eval on `session` (a language model's, its weights in place):
-    lm-eval's results dict (tasks.evaluate). `model_name`: what the results call the model."""
+    lm-eval's results dict (tasks.evaluate). `model_name`: what the results call the model.
+    `run_dir`: the run the weights come from (its chat template for --apply-chat-template, an
+    imported model's end-of-sequence ids)."""
     from dtcli.harness.model import SessionLM
 
-    return evaluate(SessionLM(session, options.batch_size), options, model_name)
+    lm = SessionLM(session, options.batch_size, run_dir=run_dir)
+    return evaluate(lm, options, model_name)

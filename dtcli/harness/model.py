@@ -33,6 +33,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from dtcli.data.document import encode_document
 from dtcli.data.instructions import TextEncoder
 from dtcli.data.tokenizer import ByteTokenizer
+from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.harness import requests as requests_lib
 from dtcli.infer import decoding
@@ -257,10 +258,10 @@ class SessionLM(TemplateLM):
     def _template(self) -> Any:
         from dtcli.data import chat, jsonl
         from dtcli.hf import tokenizer_files
-        from dtcli.rundir import tokenizer_file
+        from dtcli.rundir.files import TOKENIZER
 
         recipe = self.session.recipe
-        saved = None if self.run_dir is None else tokenizer_file(self.run_dir)
+        saved = None if self.run_dir is None else storage.as_path(self.run_dir) / TOKENIZER
         kept = None if saved is None else saved.parent / tokenizer_files.FOLDER
         if recipe.data.source != "jsonl" and (kept is None or not chat.beside([kept])):
             raise UsageError(
