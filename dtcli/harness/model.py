@@ -30,10 +30,10 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
+from dtcli import storage
 from dtcli.data.document import encode_document
 from dtcli.data.instructions import TextEncoder
 from dtcli.data.tokenizer import ByteTokenizer
-from dtcli import storage
 from dtcli.errors import UsageError
 from dtcli.harness import requests as requests_lib
 from dtcli.infer import decoding
