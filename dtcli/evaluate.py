@@ -1,32 +1,49 @@
-"""Evaluating a checkpoint on any mesh.
+"""Evaluating a checkpoint on any mesh: its loss and accuracy on a split, or a language model's
+lm-evaluation-harness tasks (--tasks).
 
 A run directory describes itself: each checkpoint's meta.json holds the resolved recipe, so eval
 needs nothing but the path. The model is built on the target mesh first and the checkpoint then
 restored into it: TensorFlow relays each saved shard out onto the new layouts.
+
+--tasks: the options and the task names are checked before TensorFlow starts; lm-eval's results
+are printed and written as its CLI writes them, into RUN_DIR/lm_eval/ (rundir.results: beside the
+run while another process writes it), or where --output-path says.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dtcli import checkpoint as ckpt_lib
 from dtcli import devices as devices_lib
+from dtcli import harness, rundir, storage
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
+from dtcli.harness.output import output_place, result_files
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir import checkpoint_recipe, find_checkpoint, read_checkpoint, tokenizer_file
+from dtcli.rundir.results import results_folder, run_of_checkpoint, write_files
 from dtcli.tables import Column, print_table
 
 __all__ = [
     "SPLITS",
+    "TasksResult",
     "checkpoint_recipe",
+    "check_task_options",
     "evaluate_checkpoint",
     "evaluate_path",
+    "evaluate_tasks",
     "find_checkpoint",
+    "refuse_task_options",
     "render",
+    "results_json",
+    "task_options",
+    "write_task_results",
 ]
 
 SPLITS = ("eval", "train")
@@ -129,3 +146,131 @@ def render(result: dict[str, Any], console: Any) -> None:
         if key in result
     ]
     print_table(console, (Column("figure", kind="name"), Column("value")), rows)
+
+
+# TaskOptions' numbers as `dtcli eval` names them.
+TASK_OPTIONS = {"limit": "--limit", "num_fewshot": "--num-fewshot", "batch_size": "--batch-size"}
+
+
+@dataclass(frozen=True)
+class TasksResult:
+    results: dict[str, Any]  # lm-eval's (harness.evaluate), samples included with --log-samples
+    checkpoint: str
+    run_dir: Any  # the run the checkpoint belongs to; None for a checkpoint outside one
+
+
+def task_options(
+    tasks: str,
+    include_path: str | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | None = None,
+    seed: str | None = None,
+    log_samples: bool = False,
+    apply_chat_template: bool = False,
+) -> harness.TaskOptions:
+    """`dtcli eval --tasks`' options as harness.TaskOptions: the names comma-separated, the
+    seed as lm-eval's CLI writes it (harness.parse_seed)."""
+    return harness.TaskOptions(
+        tasks=tuple(name.strip() for name in tasks.split(",") if name.strip()),
+        include_path=include_path,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        batch_size=batch_size,
+        seed=harness.DEFAULT_SEED if seed is None else harness.parse_seed(seed),
+        log_samples=log_samples,
+        apply_chat_template=apply_chat_template,
+    )
+
+
+def refuse_task_options(given: dict[str, Any]) -> None:
+    """lm-eval's options (option -> value; None or False: not given) without --tasks: one line,
+    as they would change nothing."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise UsageError(f"{name}: only with --tasks (lm-evaluation-harness tasks)")
+
+
+def check_task_options(
+    options: harness.TaskOptions, output_path: str | None, split: str | None
+) -> None:
+    """Everything --tasks can refuse without the model, before TensorFlow starts."""
+    harness.require_lm_eval("--tasks")
+    if split is not None:
+        raise UsageError(
+            f"--split {split}, --tasks: do not combine; --tasks runs the tasks instead of the "
+            "split's loss and accuracy"
+        )
+    harness.check_values(options, TASK_OPTIONS)
+    if output_path is not None:
+        folder, _ = output_place(output_path, "model")
+        # the .json file's folder, or the folder holding a folder per model
+        rundir.check_output_folder(
+            folder if output_path.endswith(".json") else folder.parent, "--output-path"
+        )
+    harness.check_tasks(options)
+
+
+def evaluate_tasks(
+    path: Path | str,
+    options: harness.TaskOptions,
+    overrides: Overrides = NO_OVERRIDES,
+    output_path: str | None = None,
+    progress: bool = True,
+    split: str | None = None,
+) -> TasksResult:
+    """`dtcli eval --tasks`: lm-eval's tasks on a checkpoint folder or a run directory's newest
+    intact checkpoint, restored on the mesh it was trained on or another one; the options
+    checked first (`split`: --split, which --tasks refuses). `progress`: as evaluate_path's."""
+    check_task_options(options, output_path, split)
+    devices_key = devices_lib.key_for(overrides.devices)
+    what = "eval: restoring the checkpoint, running lm-eval's tasks"
+    beat = progress_lib.Heartbeat(progress_lib.stderr_console(), what, on=progress)
+
+    def read(checkpoint: Path, held: Path) -> TasksResult:
+        from dtcli.session.restore import restored_session
+
+        recipe = checkpoint_recipe(held, "eval", overrides, options.batch_size)
+        run_dir = run_of_checkpoint(checkpoint)
+        if run_dir is None and output_path is None and options.log_samples:
+            raise UsageError(
+                f"--log-samples: CHECKPOINT {str(path)!r} is not inside a run directory, so "
+                "the samples have no place of their own; give --output-path"
+            )
+        if recipe.task != "language_model":
+            raise UsageError(
+                f"CHECKPOINT {str(path)!r}: --tasks needs a language model (task "
+                f"language_model); this run's task is {recipe.task}"
+            )
+        session = restored_session(checkpoint, held, recipe, "eval", None, devices_key)
+        results = harness.run_tasks(session, options, str(checkpoint))
+        return TasksResult(results, str(checkpoint), run_dir)
+
+    with beat:
+        return read_checkpoint(storage.as_path(path), read)
+
+
+def write_task_results(result: TasksResult, output_path: str | None) -> list[str]:
+    """lm-eval's files (the results, the samples) where --output-path says, else into the run
+    directory (rundir.results_folder) -> lines for stderr: where they went, and why there."""
+    if output_path is not None:
+        folder, stem = output_place(output_path, result.checkpoint)
+        note, arg = None, "--output-path"
+    elif result.run_dir is not None:
+        (folder, note), stem, arg = results_folder(result.run_dir), "results", "RUN_DIR"
+    else:
+        return [
+            "note: the checkpoint is outside a run directory: no results file written "
+            "(give --output-path for one)"
+        ]
+    files = result_files(result.results, stem)
+    written = write_files(folder, files.files, arg)
+    return [*([note] if note else []), f"results: {written[0]}"]
+
+
+def results_json(result: TasksResult) -> str:
+    """--json: lm-eval's results as the results file holds them (its samples apart), one line."""
+    from lm_eval.utils import handle_non_serializable
+
+    shown = {k: v for k, v in result.results.items() if k != "samples"}
+    return json.dumps(shown, default=handle_non_serializable, ensure_ascii=False)

@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"mesh", "devices", "cluster", "hf"},
     {"recipe"},
     {"data", "pipeline", "models", "layout", "optimizers", "checkpoint", "metrics", "stretches"},
-    {"session", "steps", "rundir", "progress", "runlog", "plot", "memory", "published"},
+    {"session", "steps", "rundir", "progress", "runlog", "plot", "memory", "published", "harness"},
     {
         "train",
         "evaluate",

@@ -163,6 +163,17 @@ def newest(run: Path) -> Path:
     return rundir.complete_checkpoints(run)[-1]
 
 
+def lm_tasks(**extra: str):
+    """tests/data/lm_tasks copied to the case's tasks/, with `extra` task files (NAME.yaml)."""
+
+    def setup(tmp: Path) -> None:
+        shutil.copytree(RECIPES.parent / "tests" / "data" / "lm_tasks", tmp / "tasks")
+        for name, text in extra.items():
+            (tmp / "tasks" / f"{name}.yaml").write_text(text)
+
+    return setup
+
+
 def data_file(ckpt: Path) -> Path:
     return max(
         (p for p in ckpt.iterdir() if p.name.startswith("ckpt.data")),
@@ -1421,6 +1432,68 @@ CASES: dict[str, Case] = {
         expect="--set model.layers: eval keeps the checkpoint's model, whose model.layers is",
     ),
     "eval no argument": c("eval", expect="CHECKPOINT: missing; expected a run directory"),
+    # ---- eval --tasks (lm-evaluation-harness): refused before TensorFlow or any restore
+    "eval tasks unknown": c(
+        *("eval", "{run}", "--tasks", "tiny_mcc", "--include-path", "{tmp}/tasks"),
+        expect="error: --tasks: unknown task 'tiny_mcc' (not found in --include-path "
+        "{tmp}/tasks or lm-eval's tasks); close: tiny_mc",
+        setup=lm_tasks(),
+    ),
+    "eval tasks file does not parse": c(
+        *("eval", "{run}", "--tasks", "broken", "--include-path", "{tmp}/tasks"),
+        expect="task 'broken' not found; the task file '{tmp}/tasks/broken.yaml' does not parse",
+        setup=lm_tasks(broken="task: broken\noutput_type: [multiple_choice\n"),
+    ),
+    "eval tasks include path missing": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--include-path", "{tmp}/nope"),
+        expect="error: --include-path '{tmp}/nope': no such folder; expected a folder of task",
+    ),
+    "eval tasks include path a file": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--include-path", "{tmp}/f"),
+        expect="--include-path '{tmp}/f': not a folder",
+        setup=file_at("f"),
+    ),
+    "eval tasks on a classifier": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--include-path", "{tmp}/tasks"),
+        expect="error: CHECKPOINT '{run}': --tasks needs a language model (task "
+        "language_model); this run's task is classify",
+        setup=lm_tasks(),
+    ),
+    "eval tasks with split": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--split", "train"),
+        expect="error: --split train, --tasks: do not combine",
+    ),
+    "eval tasks limit zero": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--limit", "0"),
+        expect="error: --limit 0.0: expected a count of examples per task",
+    ),
+    "eval tasks few-shot negative": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--num-fewshot", "-1"),
+        expect="error: --num-fewshot -1: expected 0 or more",
+    ),
+    **{
+        f"eval tasks seed {seed}": c(
+            *("eval", "{run}", "--tasks", "tiny_mc", "--seed", seed),
+            expect=f"error: --seed '{seed}': expected one integer >= 0 for all four seeds",
+        )
+        for seed in ("x", "1,2", "1,2,3,4,5")
+    },
+    "eval limit without tasks": c(
+        "eval", "{run}", "--limit", "5", expect="error: --limit: only with --tasks"
+    ),
+    "eval tasks output path a file": c(
+        *("eval", "{run}", "--tasks", "tiny_mc", "--include-path", "{tmp}/tasks"),
+        *("--output-path", "{tmp}/f"),
+        expect="--output-path '{tmp}/f': is a file, expected a folder",
+        setup=lambda tmp: (lm_tasks()(tmp), file_at("f")(tmp)),
+    ),
+    # a checkpoint kept outside a run directory: no folder of its own for the samples
+    "eval tasks log samples without a place": c(
+        *("eval", "{run}/../alone", "--tasks", "tiny_mc", "--include-path", "{tmp}/tasks"),
+        "--log-samples",
+        expect="error: --log-samples: CHECKPOINT '{run}/../alone' is not inside a run directory",
+        setup=lambda tmp: (lm_tasks()(tmp), shutil.copytree(newest(tmp / "run"), tmp / "alone")),
+    ),
     # ---- export
     "export missing": c(
         "export", "{tmp}/nope", "--out", "{tmp}/sm", expect="no such file or folder"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -16,35 +17,121 @@ from dtcli.cli.options import (
     overrides,
 )
 
+# `dtcli eval --tasks`: lm-evaluation-harness's options, as its own CLI means them.
+TasksOption = typer.Option(
+    None,
+    "--tasks",
+    help="lm-evaluation-harness tasks, comma-separated (a language model's run), instead of "
+    "the split's loss: the table printed, lm-eval's results file into RUN_DIR/lm_eval/.",
+)
+IncludePathOption = typer.Option(
+    None, "--include-path", help="--tasks: a folder of task YAML files of your own."
+)
+LimitOption = typer.Option(
+    None, "--limit", help="--tasks: N examples per task (or a fraction of each, below 1)."
+)
+NumFewshotOption = typer.Option(
+    None, "--num-fewshot", help="--tasks: K examples before each (default: the task's)."
+)
+SeedOption = typer.Option(
+    None,
+    "--seed",
+    help="--tasks: lm-eval's seeds (Python, NumPy, torch, few-shot): one for all, or four "
+    "(default 0,1234,1234,1234).",
+)
+LogSamplesOption = typer.Option(
+    False, "--log-samples", help="--tasks: also write every request and answer (JSON Lines)."
+)
+ChatTemplateTasksOption = typer.Option(
+    False, "--apply-chat-template", help="--tasks: each request in the run's chat template."
+)
+OutputPathOption = typer.Option(
+    None,
+    "--output-path",
+    help="--tasks: the results into this folder (a folder per model in it) or this .json "
+    "file's name (with the date), instead of RUN_DIR/lm_eval/.",
+)
+
 
 def eval_(
     checkpoint: str = typer.Argument(
         ..., help="A run directory (its latest checkpoint) or one checkpoint folder."
     ),
-    split: str = typer.Option("eval", "--split", help="eval or train."),
+    split: str | None = typer.Option(None, "--split", help="eval (the default) or train."),
     mesh: str | None = MeshOption,
     devices: str | None = DevicesOption,
     batch_size: int | None = typer.Option(None, "--batch-size", help="Evaluation batch size."),
     sets: list[str] | None = SetOption,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print one JSON object on the last line (--tasks: lm-eval's results).",
+    ),
     no_progress: bool = typer.Option(
         False,
         "--no-progress",
         help="Into a pipe or a file, no line every 10 s while it restores, compiles and evaluates.",
     ),
+    tasks: str | None = TasksOption,
+    include_path: str | None = IncludePathOption,
+    limit: float | None = LimitOption,
+    num_fewshot: int | None = NumFewshotOption,
+    seed: str | None = SeedOption,
+    log_samples: bool = LogSamplesOption,
+    apply_chat_template: bool = ChatTemplateTasksOption,
+    output_path: str | None = OutputPathOption,
 ) -> None:
-    """Evaluate a checkpoint, on the mesh it was trained on or another one."""
+    """Evaluate a checkpoint, on the mesh it was trained on or another one: its loss and
+    accuracy, or a language model's lm-evaluation-harness tasks (--tasks)."""
     from dtcli import evaluate as evaluate_lib
 
-    result = evaluate_lib.evaluate_path(
-        checkpoint, split, overrides(sets, mesh, devices), batch_size, progress=not no_progress
-    )
-    if as_json:
-        import json
+    o = overrides(sets, mesh, devices)
+    if tasks is None:
+        evaluate_lib.refuse_task_options(
+            {
+                "--include-path": include_path,
+                "--limit": limit,
+                "--num-fewshot": num_fewshot,
+                "--seed": seed,
+                "--log-samples": log_samples,
+                "--apply-chat-template": apply_chat_template,
+                "--output-path": output_path,
+            }
+        )
+        result = evaluate_lib.evaluate_path(
+            checkpoint, split or "eval", o, batch_size, progress=not no_progress
+        )
+        if as_json:
+            import json
 
-        print(json.dumps(result))
+            print(json.dumps(result))
+            return
+        evaluate_lib.render(result, console())
         return
-    evaluate_lib.render(result, console())
+    options = evaluate_lib.task_options(
+        tasks, include_path, limit, num_fewshot, batch_size, seed, log_samples, apply_chat_template
+    )
+    _eval_tasks(checkpoint, options, o, output_path, split, as_json, not no_progress)
+
+
+def _eval_tasks(
+    checkpoint: str,
+    options: Any,
+    o: Any,
+    output_path: str | None,
+    split: str | None,
+    as_json: bool,
+    progress: bool,
+) -> None:
+    """--tasks: lm-eval's table (or its results, --json) on stdout, then its files written and
+    where they went on stderr."""
+    from dtcli import evaluate as evaluate_lib
+    from dtcli import harness
+
+    found = evaluate_lib.evaluate_tasks(checkpoint, options, o, output_path, progress, split)
+    print(evaluate_lib.results_json(found) if as_json else harness.table(found.results))
+    for line in evaluate_lib.write_task_results(found, output_path):
+        print(line, file=sys.stderr)
 
 
 ChatOption = typer.Option(

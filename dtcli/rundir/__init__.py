@@ -12,6 +12,7 @@ This module alone knows what a run directory holds and where:
     checkpoints/       ckpt-STEP/ folders, each complete and self-verifying (dtcli.checkpoint),
                        and `checkpoint`, TensorFlow's pointer to the latest
     plots/             PNG curves
+    lm_eval/           lm-evaluation-harness's results (dtcli eval --tasks), as lm-eval names them
     .dtcli.lock        held (flock) by the one process writing the run
 
 Commands open a run through it: `create` for a new run, `open_for_resume` to continue one,

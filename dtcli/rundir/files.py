@@ -22,6 +22,8 @@ TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 PLOTS = "plots"
 LOCK = ".dtcli.lock"
+# lm-evaluation-harness's results files (`dtcli eval --tasks`), as lm-eval names them.
+LM_EVAL = "lm_eval"
 # A language model's tokenizer, as `tokenizers` writes it (bytes too: see data.tokenizer).
 TOKENIZER = "tokenizer.json"
 

@@ -19,7 +19,7 @@ from dtcli.errors import UsageError
 from dtcli.rundir.files import LOCK, Warn, os_reason, stderr
 
 
-def _holder_text(info: dict[str, Any]) -> str:
+def holder_text(info: dict[str, Any]) -> str:
     return f"pid {info.get('pid', '?')} on {info.get('host', '?')} since {info.get('since', '?')}"
 
 
@@ -53,7 +53,7 @@ def held_by(run_dir: Path) -> dict[str, Any] | None:
 def held_error(arg: str, run_dir: Path, info: dict[str, Any]) -> UsageError:
     return UsageError(
         f"{arg} {str(run_dir)!r}: the run is being written by another dtcli process "
-        f"({_holder_text(info)}); wait for it or choose another folder"
+        f"({holder_text(info)}); wait for it or choose another folder"
     )
 
 
@@ -104,7 +104,7 @@ class Lock:
         previous = _read_lock(self.path)
         if previous and previous.get("pid") != os.getpid():
             warn(
-                f"warning: {run_dir}: took over the lock of {_holder_text(previous)}, "
+                f"warning: {run_dir}: took over the lock of {holder_text(previous)}, "
                 "which is no longer running"
             )
         info = {
