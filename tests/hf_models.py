@@ -140,10 +140,11 @@ def _saved(cfg, folder: Path, dtype: str):
 
 
 def text_slice(size: int = 100_000) -> str:
-    """tiny Shakespeare's first `size` bytes where ../shared has it, else LINES repeated."""
-    from conftest import write_corpus
-
+    """`size` bytes of text: conftest.write_corpus's (tiny Shakespeare's start where ../shared
+    has it)."""
     import tempfile
+
+    from conftest import write_corpus
 
     with tempfile.TemporaryDirectory() as tmp:
         return write_corpus(Path(tmp) / "text.txt", size).read_text()
