@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, SHAKESPEARE, StampedStream, dtcli, env, run_cli
 
 from dtcli import generate, rundir
-from dtcli.generate import loop
+from dtcli.infer import decoding
 from dtcli.recipe import Overrides
 
 CONTEXT = 16
@@ -97,7 +97,7 @@ def test_the_cache_gives_the_window_passes_logits_at_every_step(name, request):
     cached.reset()
     gaps, mixed, restarts = [], 0, np.zeros(rows, int)
 
-    def both(step: loop.Step) -> np.ndarray:
+    def both(step: decoding.Step) -> np.ndarray:
         nonlocal mixed
         a, b = cached(step), window(step)
         gaps.append(float(np.max(np.abs(a - b)[step.active])))
@@ -106,7 +106,7 @@ def test_the_cache_gives_the_window_passes_logits_at_every_step(name, request):
         return a
 
     ids = [gen.tokenizer.encode(p) for p in PROMPTS]
-    picked = list(loop.run(ids, both, CONTEXT, TOKENS, rows, lambda i, x: int(np.argmax(x))))
+    picked = list(decoding.run(ids, both, CONTEXT, TOKENS, rows, lambda i, x: int(np.argmax(x))))
     assert len(picked) == TOKENS and max(gaps) < 1e-4, gaps
     assert mixed > 0 and (restarts[: len(PROMPTS)] >= 3).all(), restarts  # the first window too
 
@@ -196,18 +196,20 @@ def test_the_loop_stops_each_row_at_its_end_of_document_then_all():
     scripted = {0: [1, 9, 5], 1: [2, 3, 4, 5], 2: [9]}
     seen = []
 
-    def forward(step: loop.Step) -> np.ndarray:
+    def forward(step: decoding.Step) -> np.ndarray:
         seen.append(step.active.tolist())
         return np.zeros((4, 16))
 
     def pick_row(i, logits):
         return scripted[i].pop(0)
 
-    out = list(loop.run([np.array([7])] * 3, forward, 4, 4, 4, pick_row, stop_ids={9}))
+    out = list(decoding.run([np.array([7])] * 3, forward, 4, 4, 4, pick_row, stop_ids={9}))
     assert out == [[(0, 1), (1, 2), (2, 9)], [(0, 9), (1, 3)], [(1, 4)], [(1, 5)]]
     assert seen[0] == [True, True, True, False] and seen[2] == [False, True, False, False]
     everyone = {0: [9], 1: [9]}
-    done = list(loop.run([np.array([7])] * 2, forward, 4, 5, 2, lambda i, x: everyone[i][0], {9}))
+    done = list(
+        decoding.run([np.array([7])] * 2, forward, 4, 5, 2, lambda i, x: everyone[i][0], {9})
+    )
     assert done == [[(0, 9), (1, 9)]]  # all stopped: no more steps
 
 
@@ -215,13 +217,13 @@ def test_the_windowing_policy():
     """The window of n tokens: all of them up to the context; then it restarts at the last
     context // 2 and grows back to the context, one token per step."""
     for context in (1, 2, 5, 16):
-        keep = loop.restart_keep(context)
-        lengths = [n - loop.window_start(n, context) for n in range(1, 200)]
+        keep = decoding.restart_keep(context)
+        lengths = [n - decoding.window_start(n, context) for n in range(1, 200)]
         assert lengths[:context] == list(range(1, context + 1))
         for before, after in zip(lengths[context - 1 :], lengths[context:]):
             assert after == (keep if before == context else before + 1), (context, lengths)
-    assert loop.window_start(17, 16) == 9 and loop.window_start(25, 16) == 9
-    assert loop.window_start(26, 16) == 18
+    assert decoding.window_start(17, 16) == 9 and decoding.window_start(25, 16) == 9
+    assert decoding.window_start(26, 16) == 18
 
 
 def test_pick_top_p_keeps_the_fewest_most_likely_tokens_that_reach_p():
@@ -256,7 +258,7 @@ def test_a_prompt_longer_than_the_context_is_noted_with_what_the_model_sees(one)
     says how long it is and how many of its last tokens the first window holds (the windowing
     policy's window_start); a prompt that fits says nothing."""
     n = len(one.tokenizer.encode(PROMPTS[2]))
-    seen = n - loop.window_start(n, CONTEXT)
+    seen = n - decoding.window_start(n, CONTEXT)
     assert CONTEXT // 2 <= seen < CONTEXT < n
     tail = (
         f"{n} tokens, longer than the context {CONTEXT}: generating from its last {seen} "

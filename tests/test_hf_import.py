@@ -44,7 +44,7 @@ def _dtcli_logprobs(run, ids: np.ndarray, mesh: str, sets: tuple[str, ...]) -> n
 
     from dtcli import checkpoint as ckpt_lib
     from dtcli import session as session_lib
-    from dtcli.generate.forward import on_host
+    from dtcli.infer.forward import on_host
     from dtcli.layout import replicated
     from dtcli.recipe import Overrides
     from dtcli.rundir import checkpoint_recipe, tokenizer_file

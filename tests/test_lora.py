@@ -75,7 +75,7 @@ def logits(s, x: np.ndarray) -> np.ndarray:
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
-    from dtcli.generate.forward import on_host
+    from dtcli.infer.forward import on_host
     from dtcli.layout import replicated
 
     @tf.function

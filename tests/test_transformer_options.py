@@ -393,7 +393,7 @@ def test_ids_past_vocab_size_get_no_probability_in_the_loss_or_sampling(cpu8):
     temperature, with no tokenizer cap, never draws a padding id."""
     import tensorflow as tf
 
-    from dtcli.generate.loop import pick
+    from dtcli.infer.decoding import pick
     from dtcli.steps.step import sums
 
     cfg, weights, _ = llama(False)

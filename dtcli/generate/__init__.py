@@ -2,7 +2,7 @@
 
 The model is built on the target mesh and the checkpoint restored into it (as `eval` does),
 without reading the training text: the run's tokenizer (RUN_DIR/tokenizer.json; bytes for a
-run without one), windows of the recipe's context under one windowing policy (loop.py: the
+run without one), windows of the recipe's context under one windowing policy (infer/decoding.py: the
 window restarts at the last context // 2 tokens when it is full, for both forward passes).
 
 dtcli's GPT generates with a K/V cache (models/decode.py): each new token costs one position,
@@ -46,12 +46,13 @@ from dtcli import devices as devices_lib
 from dtcli import rundir, storage
 from dtcli.errors import UsageError
 from dtcli.generate import chat as chat_lib
-from dtcli.generate import ctrl_c, loop
+from dtcli.generate import ctrl_c
 from dtcli.generate.chat import Conversation, check_template_option, read_conversations
-from dtcli.generate.loop import pick, restart_keep, window_start
 from dtcli.generate.output import Stats, _first_compiled, _heartbeat, write, write_json
 from dtcli.generate.prompts import DEFAULT_PROMPT, prompt_bytes, read_prompts
 from dtcli.generate.settings import MAX_TOKENS, Settings, check_options
+from dtcli.infer import decoding
+from dtcli.infer.decoding import pick, restart_keep, window_start
 from dtcli.recipe import Overrides, Recipe
 
 __all__ = [  # the API, beside Generator: what the command and the tests call
@@ -149,7 +150,7 @@ class Generator:
                 if cached:
                     forward.reset()
                 batch = ids[first : first + rows]
-                for picked in loop.run(
+                for picked in decoding.run(
                     batch,
                     forward,
                     self.context,
@@ -205,7 +206,7 @@ class Generator:
 
     def long_prompts(self, prompts: list[Prompt]) -> list[str]:
         """A note for each prompt longer than the context: the model sees only its last tokens
-        (the windowing policy, loop.py), which would otherwise pass silently."""
+        (the windowing policy, infer/decoding.py), which would otherwise pass silently."""
         notes = []
         for i, prompt in enumerate(prompts):
             n = len(self._encode(prompt))
@@ -248,8 +249,8 @@ class Generator:
         return ids
 
     def forward_for(self, cached: bool, rows: int) -> Any:
-        """The forward pass (loop.Forward) for batches of `rows`, compiled once and kept."""
-        from dtcli.generate import forward
+        """The forward pass (decoding.Forward) for batches of `rows`, compiled once and kept."""
+        from dtcli.infer import forward
 
         key = (cached, rows)
         if key not in self._forwards:

@@ -211,7 +211,7 @@ class Scorer:
 
     def logprobs(self, ids: np.ndarray, windows: list[windows_lib.Window]) -> np.ndarray:
         """Every prediction the `windows` score, in order."""
-        from dtcli.score.forward import TargetLogprobs
+        from dtcli.infer.logprobs import TargetLogprobs
 
         if self._forward is None:
             self._forward = TargetLogprobs(self.session)
@@ -220,7 +220,8 @@ class Scorer:
         for first in range(0, len(windows), rows):
             group = windows[first : first + rows]
             inputs, targets, scored = windows_lib.batch(ids, group, self.context, rows)
-            out.append(self._forward(inputs, targets)[scored])  # row by row: in text order
+            logprobs, _ = self._forward(inputs, targets)
+            out.append(logprobs[scored])  # row by row: in text order
         return np.concatenate(out)
 
 

@@ -67,12 +67,14 @@ def run(
     rows: int,
     pick_row: Callable[[int, np.ndarray], int],
     stop_ids: Collection[int] = (),
+    ends: Callable[[int, int], bool] | None = None,
 ) -> Iterator[list[tuple[int, int]]]:
     """Up to `tokens` new tokens after each prompt, a step at a time: each step yields the
     (prompt index, token) of every prompt still generating. The prompts fill the first rows of
     `rows` (the rest are padding, never active); `pick_row(index, logits)` picks a token. A
     prompt stops after any of `stop_ids` (its end-of-document or end-of-sequence ids; the token
-    is yielded); the others go on."""
+    is yielded), or where `ends(index, token)` says its text is complete (lm-eval's stop
+    strings); the others go on."""
     texts = [[int(t) for t in p] for p in prompts] + [[0]] * (rows - len(prompts))
     active = np.arange(rows) < len(prompts)
     starts = np.full(rows, -1)  # the window start each row's last step used (-1: none yet)
@@ -84,7 +86,7 @@ def run(
             token = pick_row(int(i), logits[i])
             texts[i].append(token)
             picked.append((int(i), token))
-            if token in stop_ids:
+            if token in stop_ids or (ends is not None and ends(int(i), token)):
                 active[i] = False
         yield picked
         if not active.any():

@@ -1,4 +1,4 @@
-"""Generation's two forward passes on the mesh (loop.Forward): a step in, logits [rows, vocab]
+"""Generation's two forward passes on the mesh (decoding.Forward): a step in, logits [rows, vocab]
 out on the host. On one device (a session of plain variables, mesh.compiles_with_xla) both
 are compiled by XLA, as `train` compiles its steps; on a bigger mesh they run on DTensor.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dtcli.generate.loop import Step
+from dtcli.infer.decoding import Step
 
 
 class WindowForward:
@@ -121,11 +121,11 @@ class Traced:
         return self.concrete(*args)
 
 
-def on_host(logits: Any) -> np.ndarray:
-    """Logits [rows, vocab] on the host: a plain tensor's value, or a replicated DTensor's first
-    (every device holds all of it)."""
+def on_host(tensor: Any) -> np.ndarray:
+    """A tensor's value on the host: a plain tensor's, or a replicated DTensor's first (every
+    device holds all of it)."""
     from tensorflow.experimental import dtensor
 
-    if dtensor.is_dtensor(logits):
-        return dtensor.unpack(logits)[0].numpy()
-    return logits.numpy()
+    if dtensor.is_dtensor(tensor):
+        return dtensor.unpack(tensor)[0].numpy()
+    return tensor.numpy()
