@@ -106,9 +106,10 @@ def dtcli(
 # hf_import, peft_export and sft_e2e below: conftest.without_grappler), eval_hf_parity ~70
 # (wall: torch trains two models), fsdp 60 (as merged at b499c48), rundir 50, hf_import 50,
 # mesh_invariance 50, peft_export 45, accumulate 45, xla 41, from_run ~40 and packing ~35
-# (wall), real_data and train_loop 40, harness ~34 (wall, with lm_run), tokens 35 (and its
-# launch's waits), memory 28, instruction_data 38, sft_e2e 26, doctor 26, generate_chat 26,
-# generate 23, score 29, bad_inputs 19, plan 18, cli_errors 16, resume_steps 13,
+# (wall), real_data and train_loop 40, harness ~45 (wall, alone, lm_run's training
+# included), tokens 35 (and its launch's waits), memory 28, instruction_data 38, sft_e2e 26,
+# doctor 26, generate_chat 26, generate 23, score 29, bad_inputs 19, plan 18, cli_errors 16,
+# resume_steps 13,
 # sharding 6, pipeline 5; the rest 3 or less. xdist hands out whole files (`--dist loadfile`,
 # `--no-loadscope-reorder`) in collection order: the long ones start first and the short ones
 # fill in at the end, so that no worker is left alone with a long file while the other idles

@@ -61,6 +61,7 @@ class SessionLM(TemplateLM):
             batch_size or data.eval_batch_size or data.batch_size, session.packer.shards
         )
         self.run_dir = run_dir
+        self.stop_ids = _stop_ids(self.text_tokenizer, run_dir)
         self.vocab = session.recipe.model.real_vocab or self.text_tokenizer.vocab_size
         bos = () if isinstance(self.text_tokenizer, ByteTokenizer) else _bos(self.text_tokenizer)
         self.bos_id: int | None = bos[0] if len(bos) == 1 else None
@@ -177,7 +178,8 @@ class SessionLM(TemplateLM):
         out: list[str] = [""] * len(requests)
         by_settings: dict[str, list[int]] = {}
         for index, req in enumerate(requests):
-            by_settings.setdefault(json.dumps(req.args[1], sort_keys=True), []).append(index)
+            settings = json.dumps(req.args[1], sort_keys=True, default=str)
+            by_settings.setdefault(settings, []).append(index)
         for indices in by_settings.values():
             gen_kwargs = requests[indices[0]].args[1]
             for first in range(0, len(indices), self.rows):
@@ -202,10 +204,11 @@ class SessionLM(TemplateLM):
             )
         prompts = [
             requests_lib.generation_prompt(self.tok_encode(c), self.max_length, tokens)
+            or [self._prefix("a generation with an empty prompt")]
             for c in contexts
         ]
         picker = _Picker(kwargs, self.vocab, indices)
-        texts = [_Text(self.text_tokenizer, self.stop_ids()) for _ in prompts]
+        texts = [_Text(self.text_tokenizer, self.stop_ids) for _ in prompts]
 
         def ends(row: int, token: int) -> bool:
             text = texts[row].add(token)
@@ -215,19 +218,10 @@ class SessionLM(TemplateLM):
         if hasattr(forward, "reset"):
             forward.reset()
         for _ in decoding.run(
-            prompts, forward, self.context, tokens, self.rows, picker.pick, self.stop_ids(), ends
+            prompts, forward, self.context, tokens, self.rows, picker.pick, self.stop_ids, ends
         ):
             pass
         return [requests_lib.cut_at_stop(t.whole(), until) for t in texts]
-
-    def stop_ids(self) -> frozenset[int]:
-        """An imported model's end-of-sequence ids, else the tokenizer's end of text."""
-        from dtcli.hf import tokenizer_files
-
-        found = None if self.run_dir is None else tokenizer_files.end_of_sequence_ids(self.run_dir)
-        if found is not None:
-            return frozenset(found)
-        return frozenset(() if self.eot_token_id is None else (self.eot_token_id,))
 
     def _forward(self) -> Any:
         """The KV-cached forward pass for dtcli's GPT, else the model's own over each window;
@@ -281,6 +275,17 @@ class SessionLM(TemplateLM):
 
 def _bos(tokenizer: Any) -> tuple[int, ...]:
     return TextEncoder(tokenizer).bos_ids
+
+
+def _stop_ids(tokenizer: Any, run_dir: Path | None) -> frozenset[int]:
+    """The ids that end a generation, as generate stops: an imported model's end-of-sequence
+    ids, else the tokenizer's end of text (where it has one)."""
+    from dtcli.hf import tokenizer_files
+
+    found = None if run_dir is None else tokenizer_files.end_of_sequence_ids(run_dir)
+    if found is not None:
+        return frozenset(found)
+    return frozenset(() if tokenizer.eot is None else (tokenizer.eot,))
 
 
 class _Picker:
