@@ -126,6 +126,7 @@ SLOWEST_FILES = [
     "test_hf_import.py",
     "test_mesh_invariance.py",
     "test_peft_export.py",
+    "test_eval_tasks.py",  # ~50 s wall alone, 35 of them building lm_run (2026-11-27, noisy)
     "test_accumulate.py",
     "test_xla.py",
     "test_from_run.py",

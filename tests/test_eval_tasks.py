@@ -162,16 +162,45 @@ def test_check_tasks_names_a_recipe_sections_keys(tmp_path):
 
 
 def test_a_hub_task_offline_is_one_line_naming_it(offline):
-    """lm-eval's own task (its data on the hub) with the hub out of reach: one line, not
-    datasets' ConnectionError."""
+    """A task whose data set is on the hub (as lm-eval's own tasks' are), the hub out of reach:
+    one line, not datasets' ConnectionError."""
     from dtcli.errors import UsageError
 
+    hub = (offline / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: on_hub")
+    hub = hub.replace("dataset_path: json", "dataset_path: someone/a_hub_data_set")
+    (offline / "on_hub.yaml").write_text(
+        hub.replace("custom_dataset: !function local_json.load", "")
+    )
+    options = harness.TaskOptions(("on_hub",), include_path=str(offline), limit=2)
     with pytest.raises(UsageError) as caught:
-        harness.evaluate(fake_lm(), harness.TaskOptions(("lambada_openai",), limit=2))
-    assert str(caught.value).startswith("--tasks lambada_openai: cannot fetch a task's data (")
+        harness.evaluate(fake_lm(), options)
+    assert str(caught.value).startswith("--tasks on_hub: cannot fetch a task's data (")
     assert str(caught.value).endswith(
         "offline, only tasks whose data are local or already cached run"
     )
+
+
+def test_the_task_index_is_built_once_for_the_check_and_every_evaluation(offline, monkeypatch):
+    """check_tasks then evaluate (at each evaluation of a training run) share one TaskManager
+    per include path: lm-eval's own index takes seconds to build."""
+    import lm_eval.tasks
+
+    from dtcli.harness import tasks as tasks_lib
+
+    built = []
+    real = lm_eval.tasks.TaskManager
+
+    def counted(*args, **kwargs):
+        built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", counted)
+    tasks_lib._manager.cache_clear()
+    options = harness.TaskOptions(("tiny_ppl",), include_path=str(offline), limit=1)
+    harness.check_tasks(options)
+    for _ in range(2):
+        harness.evaluate(fake_lm(), options)
+    assert built == [{"include_path": str(offline), "include_defaults": False}]
 
 
 def test_without_lm_eval_eval_tasks_says_how_to_install_it(monkeypatch, tmp_path, cli):
@@ -263,13 +292,22 @@ def test_eval_tasks_prints_lm_evals_table_and_writes_its_files_into_the_run(
 
 def test_eval_tasks_writes_beside_a_run_another_process_is_writing(offline, lm_run, tmp_path, cli):
     """While another process holds the run's lock (a run in training), the results go into
-    RUN_DIR-lm_eval beside it, said so on stderr, and the run is left as it was."""
+    RUN_DIR-lm_eval beside it, said so on stderr, and the run is left as it was; a refusal
+    after the restore (--apply-chat-template on a run without a template) writes nothing."""
     from conftest import snapshot
 
     run = copy_run(lm_run, tmp_path)
     lock = rundir.Lock(run, "--out")  # as train holds it: a lock of its own open file
     try:
         before = snapshot(run)
+        # a run without a chat template: refused in one line once restored, nothing written
+        refused = cli(
+            "eval", run, "--tasks", "tiny_mc", "--include-path", offline, "--limit", "2",
+            "--apply-chat-template", "--no-progress",
+        )  # fmt: skip
+        assert refused.code == 2 and refused.out == ""
+        assert refused.err_lines[-1].startswith("error: --apply-chat-template: this run was")
+        assert snapshot(run) == before and not (tmp_path / f"run-{LM_EVAL}").exists()
         r = cli(
             "eval", run, "--tasks", "tiny_mc", "--include-path", offline, "--limit", "4",
             "--json", "--no-progress",

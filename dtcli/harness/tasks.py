@@ -8,6 +8,7 @@ functions that use it, never when dtcli is imported. Nothing here imports Tensor
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +125,10 @@ def _include_folder(include_path: str | None, arg: str) -> str | None:
     return str(path)
 
 
+@functools.lru_cache(maxsize=4)
 def _manager(include: str | None, defaults: bool) -> Any:
+    """One TaskManager per (include path, defaults) in a process: check_tasks, then evaluate at
+    every evaluation of a training run, index lm-eval's 14,000 tasks once (~4 s)."""
     from lm_eval.tasks import TaskManager
 
     return TaskManager(include_path=include, include_defaults=defaults)
