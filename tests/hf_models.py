@@ -134,3 +134,109 @@ def _saved(cfg, folder: Path, dtype: str):
     model.save_pretrained(folder)
     tokenizer_json(folder)
     return model.float().eval()
+
+
+# ------------------------------------------------------------------ trained on real text
+
+
+def text_slice(size: int = 100_000) -> str:
+    """`size` bytes of text: conftest.write_corpus's (tiny Shakespeare's start where ../shared
+    has it)."""
+    import tempfile
+
+    from conftest import write_corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return write_corpus(Path(tmp) / "text.txt", size).read_text()
+
+
+# The special tokens of each kind, as its Hugging Face tokenizer names them: GPT-2 one token for
+# both ends and no template; Llama <s> added before each text by the post-processor (what
+# `add_special_tokens=True`, transformers' default, applies).
+SPECIALS = {
+    "gpt2": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "llama": {"bos_token": "<s>", "eos_token": "</s>"},
+}
+
+
+def shakespeare_tokenizer(folder: Path, kind: str, text: str, vocab_size: int = 300) -> int:
+    """A byte-level BPE of `vocab_size` ids trained on `text`, saved as folder/tokenizer.json with
+    a tokenizer_config.json that transformers' PreTrainedTokenizerFast (lm-eval's hf model)
+    loads; its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    specials = SPECIALS[kind]
+    names = list(dict.fromkeys(specials.values()))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=names,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(text.splitlines(keepends=True), trainer)
+    if kind == "llama":
+        bos = specials["bos_token"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A",
+            pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tok.token_to_id(bos))],
+        )
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**6, **specials}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return tok.get_vocab_size()
+
+
+def trained(folder: Path, kind: str, steps: int = 200, positions: int = 64):
+    """A transformers GPT-2 or Llama (2 layers, 64 wide) with a 300-id BPE of tiny Shakespeare,
+    trained `steps` AdamW steps on windows of that text (not random weights: a trained model's
+    logits are peaked, so near ties, which flip an argmax on float noise, are rare), saved with
+    save_pretrained and its tokenizer files; -> (the model in eval mode, its final loss, its
+    first)."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    text = text_slice()
+    vocab = shakespeare_tokenizer(folder, kind, text)
+    tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    ids = torch.tensor(tok.encode(text, add_special_tokens=False).ids)
+    eot = tok.token_to_id(SPECIALS[kind]["eos_token"])
+    bos = tok.token_to_id(SPECIALS[kind]["bos_token"])
+    if kind == "gpt2":
+        cfg = GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, n_positions=positions, vocab_size=vocab,
+            bos_token_id=bos, eos_token_id=eot,
+        )  # fmt: skip
+    else:
+        cfg = LlamaConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=vocab, max_position_embeddings=positions,
+            tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eot,
+        )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # steps this small: two threads on 2 busy cores ran 10x slower
+    try:
+        for _ in range(steps):
+            starts = torch.randint(0, len(ids) - positions - 1, (16,), generator=g)
+            x = torch.stack([ids[s : s + positions] for s in starts])
+            loss = model(x, labels=x).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    model.save_pretrained(folder)
+    return model, losses[-1], losses[0]

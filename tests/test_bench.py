@@ -14,6 +14,7 @@ from conftest import _bench_script
 
 nanogpt = _bench_script("nanogpt")
 variants = _bench_script("variants")
+lm_eval_speed = _bench_script("lm_eval_speed")
 
 
 def read_ids(folder) -> np.ndarray:
@@ -204,3 +205,18 @@ def test_sft_trainable_parameters_count_the_weights_that_train():
         ]
     }
     assert sft_lora.trainable_parameters(plan) == 128 * 16 + 16 * 4 * 32
+
+
+def test_lm_eval_speed_items_ask_each_lines_own_rest_among_three_others():
+    """bench/lm_eval_speed.py's task: a line's first 3 words, its own rest at an answer
+    position that moves, the next 3 lines' rests as the wrong choices; short lines skipped."""
+    rows = [f"w{i} x{i} y{i} a{i} b{i} c{i}" for i in range(10)]
+    items = lm_eval_speed.mc_items("\n".join(["too short", *rows]), 5)
+    assert len(items) == 5
+    for i, item in enumerate(items):
+        assert item["question"] == f"w{i} x{i} y{i}"
+        assert item["choices"][item["answer"]] == f" a{i} b{i} c{i}"
+        assert sorted(item["choices"]) == sorted(f" a{k} b{k} c{k}" for k in range(i, i + 4))
+    assert [item["answer"] for item in items] == [0, 1, 2, 3, 0]
+    with pytest.raises(SystemExit, match="need"):
+        lm_eval_speed.mc_items("\n".join(rows), 8)

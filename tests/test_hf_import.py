@@ -16,6 +16,9 @@ import torch
 from safetensors.numpy import load_file
 
 TOLERANCE = 1e-4
+# Compared with transformers, whose math it is, and with the import itself: Grappler's rewrites
+# off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
 NEW_TOKENS = 32
 PROMPT = "First Citizen:"
 # Each greedy token wins by at least this in log probability, so rounding cannot pick it.

@@ -232,6 +232,10 @@ def test_one_device_and_fsdp_train_the_same_20_steps(tuned, base):
 # --------------------------------------------------------------------------- memory
 
 
+# From here on the module's commands run without Grappler's rewrites (conftest.without_grappler,
+# torn down with the module): their checks are bytes, files, messages and equalities with the
+# run's own records; the training numerics above keep the rewrites.
+@pytest.mark.usefixtures("without_grappler")
 def test_plan_equals_the_live_shards_with_a_bf16_base(base, cli, tmp_path):
     """Trainable (adapters, float32), frozen (the base, bfloat16) and optimizer bytes per
     device: the plan's equal each device's live shards."""
@@ -323,6 +327,7 @@ def write_recipe(base, path, **keys) -> None:
     path.write_text(yaml.safe_dump(recipe_raw))
 
 
+@pytest.mark.usefixtures("without_grappler")
 def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli, tmp_path):
     """Its checkpoints hold the adapters, optimizer and counters, never the base, and name the
     base by digests; it resumes, and eval, generate and score run it unmerged; another base at
@@ -411,6 +416,7 @@ def test_a_lora_run_saves_adapters_resumes_evaluates_generates_scores(base, cli,
     assert snapshot(run) == before
 
 
+@pytest.mark.usefixtures("without_grappler")
 def test_a_lora_run_on_a_dtcli_run_with_its_base_in_bf16(cli, tmp_path):
     """model.from_run as the base (a tiny GPT trained 2 steps, run A), stored in bfloat16 (read
     from A's float32 checkpoint on the host, cast, placed): the run trains, its checkpoints name

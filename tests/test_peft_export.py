@@ -21,6 +21,9 @@ import torch
 import yaml
 
 TOLERANCE = 1e-4
+# Every command here on 8 devices without Grappler's rewrites (conftest.without_grappler): the
+# checks compare with transformers and peft, whose math they are.
+pytestmark = pytest.mark.usefixtures("without_grappler")
 # The session's 8 virtual CPUs: the LoRA runs train on a data mesh (GPT-2) and a 2-D one
 # (Llama); score reads them on another.
 MESHES = {"gpt2": {"batch": 8}, "llama": {"batch": 4, "model": 2}}
@@ -55,7 +58,7 @@ def _train(cli, tmp, name, recipe):
 
 
 @pytest.fixture(scope="module")
-def lora_runs(tmp_path_factory, cpu8):
+def lora_runs(tmp_path_factory, without_grappler):
     """Each base made by transformers, a LoRA run of 3 steps from it, and what `dtcli score`
     gives of TEXT under the run's newest checkpoint (its tokens and log probabilities)."""
     from conftest import run_cli

@@ -22,6 +22,10 @@ from dtcli import metrics, rundir, storage
 from dtcli import recipe as R
 from dtcli.errors import UsageError
 
+# The contract is files, locks, records and resumes equal to the runs they continue, all made
+# here: Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 
 def max_rel_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys() and a

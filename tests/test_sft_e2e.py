@@ -19,6 +19,9 @@ from dtcli.data import tokenizer as T
 
 CPU8 = ("--mesh", "batch=8", "--devices", "cpu:8")  # in-process: the session's 8 devices
 TRAIN, HELD_OUT = 400, 48
+# Every command here without Grappler's rewrites (conftest.without_grappler): the checks are a
+# loss that falls and answers' form, not kernels' last bits.
+pytestmark = pytest.mark.usefixtures("without_grappler")
 # The base: an untied head, which LoRA adapts (kernel$): a tied one is the embedding, frozen, and
 # a base this short leaves it too small to make confident logits of. The fine-tuning recipe
 # names it too, instead of tiny_gpt's (model.from_run refuses a model key that differs).
@@ -52,7 +55,7 @@ def test_the_held_out_words_are_not_training_words_and_the_files_are_the_same_ea
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory, cpu8) -> Path:
+def folder(tmp_path_factory, without_grappler) -> Path:
     """The base (30 steps on shards of real text: an end-of-text row, never a target; a head of
     its own) and a subset of the instructions: 400 training, 48 held-out examples."""
     tmp = tmp_path_factory.mktemp("sft_e2e")
