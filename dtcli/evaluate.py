@@ -243,7 +243,7 @@ def evaluate_tasks(
                 f"language_model); this run's task is {recipe.task}"
             )
         session = restored_session(checkpoint, held, recipe, "eval", None, devices_key)
-        results = harness.run_tasks(session, options, str(checkpoint), run_dir)
+        results = harness.run_tasks(session, options, str(checkpoint), run_dir, progress)
         return TasksResult(results, str(checkpoint), run_dir)
 
     with beat:

@@ -321,3 +321,70 @@ def test_eval_tasks_writes_beside_a_run_another_process_is_writing(offline, lm_r
     (written,) = beside.glob("results_*.json")
     assert "is being written by another dtcli process" in r.err and str(beside) in r.err
     assert numbers(json.loads(written.read_text())) == numbers(json.loads(r.out.splitlines()[-1]))
+
+
+def loud_task(folder: Path) -> None:
+    """A task in `folder` (a copy of tests/data/lm_tasks) whose prompt function prints, and
+    whose data come through a `custom_dataset` (lm-eval then hints at its --metadata option)."""
+    (folder / "loud_prompt.py").write_text(
+        "def text(doc):\n    print('PRINTED BY A TASK')\n    return doc['question']\n"
+    )
+    loud = (folder / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: loud")
+    (folder / "loud.yaml").write_text(
+        loud.replace("doc_to_text: question", "doc_to_text: !function loud_prompt.text")
+    )
+
+
+def test_lm_evals_own_output_stays_off_stdout_and_out_of_the_way(
+    offline, tmp_path, monkeypatch, capfd
+):
+    """While lm-eval runs (outside any git checkout, progress off): what it prints goes to
+    stderr, no tqdm bar, no --metadata hint (its other warnings still log), no `fatal: not a git
+    repository` from its `git describe`, whose place in the results holds dtcli's version."""
+    import logging
+
+    from dtcli import __version__
+    from dtcli.harness.quiet import lm_eval_output
+
+    loud_task(offline)
+    monkeypatch.chdir(tmp_path)
+    no_git = subprocess.run(["git", "rev-parse"], capture_output=True, cwd=tmp_path)
+    assert no_git.returncode != 0  # the test's folder is in no git checkout
+    options = harness.TaskOptions(("loud",), include_path=str(offline), limit=3)
+    results = harness.evaluate(fake_lm(), options, progress=False)
+    assert results["git_hash"] == f"dtcli {__version__}"
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger = logging.getLogger("lm_eval.api.task")
+    logger.addHandler(handler)
+    try:
+        with lm_eval_output(progress=False):
+            logger.warning("a real warning")
+            logger.warning("t: Custom kwargs can be passed to `--metadata` in console")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["a real warning"]
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "PRINTED BY A TASK" in err
+    assert "fatal:" not in err and "Custom kwargs" not in err
+    assert "Tokenizing inputs" not in err and "it/s]" not in err, err[-500:]
+
+
+def test_eval_tasks_json_is_one_line_on_stdout_whatever_lm_eval_prints(
+    offline, lm_run, tmp_path, cli
+):
+    """--json --no-progress with a task whose prompt function prints: stdout is exactly the
+    results' one JSON line; the print, and no progress bar, on stderr."""
+    loud_task(offline)
+    run = copy_run(lm_run, tmp_path)
+    r = cli(
+        "eval", run, "--tasks", "loud", "--include-path", offline, "--limit", "2", "--json",
+        "--no-progress",
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    (line,) = r.out.splitlines()
+    assert json.loads(line)["n-samples"]["loud"]["effective"] == 2
+    assert "PRINTED BY A TASK" in r.err
+    assert "Tokenizing inputs" not in r.err and "it/s]" not in r.err, r.err[-500:]

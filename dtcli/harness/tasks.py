@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli.errors import UsageError
+from dtcli.harness.quiet import lm_eval_output
 
 # lm-eval's own CLI default (--seed 0,1234,1234,1234): Python's random, NumPy, torch, few-shot.
 DEFAULT_SEED = (0, 1234, 1234, 1234)
@@ -186,18 +187,24 @@ def task_manager(options: TaskOptions) -> Any:
 
 
 def evaluate(
-    lm: Any, options: TaskOptions, model_name: str | None = None, named: str = "--tasks"
+    lm: Any,
+    options: TaskOptions,
+    model_name: str | None = None,
+    named: str = "--tasks",
+    progress: bool = True,
 ) -> dict[str, Any]:
     """lm_eval.simple_evaluate of the LM instance `lm` on `options`: lm-eval's results dict as
     its CLI saves it (the run's configuration, task hashes and times included; `samples` too with
     log_samples). `model_name`: what the results call the model (lm-eval's `model_name`, which
     names the folder under an --output-path), the checkpoint's path. A task whose data cannot be
-    fetched (a hub task offline) is one line naming `named`."""
+    fetched (a hub task offline) is one line naming `named`. Whatever lm-eval prints goes to
+    stderr; `progress` false: no progress bars (quiet.lm_eval_output)."""
     from lm_eval.loggers import EvaluationTracker
 
     tracker = EvaluationTracker()
     try:
-        results = _simple_evaluate(lm, options, tracker, model_name)
+        with lm_eval_output(progress):
+            results = _simple_evaluate(lm, options, tracker, model_name)
     except ConnectionError as exc:  # what datasets raises for a hub data set it cannot reach
         raise UsageError(
             f"{named} {','.join(options.tasks)}: cannot fetch a task's data ({_first(exc)}); "
