@@ -35,8 +35,8 @@ def options(cfg: EvalTasksConfig) -> Any:
 
 
 def check(recipe: Recipe) -> None:
-    """lm_eval installed and every task name known to it (the include path's YAMLs parse):
-    one line naming train.eval_tasks otherwise. No TensorFlow."""
+    """lm_eval installed, every task name known to it (the include path's YAMLs parse) and
+    every task built with its data: one line naming train.eval_tasks otherwise. No TensorFlow."""
     cfg = recipe.train.eval_tasks
     if cfg is None:
         return
