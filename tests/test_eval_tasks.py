@@ -382,6 +382,13 @@ def test_a_task_reads_its_relative_data_files_from_any_working_directory(
     assert results["n-samples"]["my_yesno"] == {"original": 4, "effective": 4}
     # fake_lm picks the choice with the smaller code sum, " no": right on the odd numbers
     assert harness.metrics(results)["my_yesno/acc"] == 0.5
+    # include paths relative to the working directory, and tasks whose custom_dataset makes
+    # their files absolute itself (tests/data/lm_tasks, copied to tasks/)
+    monkeypatch.chdir(tmp_path)
+    for name, include in (("my_yesno", "mine"), ("tiny_mc", "tasks")):
+        options = harness.TaskOptions((name,), include_path=include, limit=2)
+        harness.check_tasks(options)
+        assert harness.evaluate(fake_lm(), options)["n-samples"][name]["effective"] == 2
 
 
 @pytest.mark.parametrize(

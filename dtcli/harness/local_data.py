@@ -31,7 +31,9 @@ def resolve_beside_yaml(manager: Any) -> Any:
     def load_resolved(entry: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg = load(entry, overrides)
         if entry.yaml_path is not None:
-            resolve_data_files(cfg, Path(entry.yaml_path).parent)
+            # absolute: a relative include path gives relative YAML paths, and a task's own
+            # custom_dataset (the test fixtures') joins data files to its folder itself
+            resolve_data_files(cfg, Path(entry.yaml_path).resolve().parent)
         return cfg
 
     factory._load_full_config = load_resolved
