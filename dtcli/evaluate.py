@@ -192,9 +192,13 @@ def refuse_task_options(given: dict[str, Any]) -> None:
 
 
 def check_task_options(
-    options: harness.TaskOptions, output_path: str | None, split: str | None
+    options: harness.TaskOptions,
+    output_path: str | None,
+    split: str | None,
+    progress: bool = False,
 ) -> None:
-    """Everything --tasks can refuse without the model, before TensorFlow starts."""
+    """Everything --tasks can refuse without the model, before TensorFlow starts (the tasks
+    built with their data: `progress`, datasets' bars meanwhile)."""
     harness.require_lm_eval("--tasks")
     if split is not None:
         raise UsageError(
@@ -208,7 +212,7 @@ def check_task_options(
         rundir.check_output_folder(
             folder if output_path.endswith(".json") else folder.parent, "--output-path"
         )
-    harness.check_tasks(options)
+    harness.check_tasks(options, progress=progress)
 
 
 def evaluate_tasks(
@@ -222,7 +226,7 @@ def evaluate_tasks(
     """`dtcli eval --tasks`: lm-eval's tasks on a checkpoint folder or a run directory's newest
     intact checkpoint, restored on the mesh it was trained on or another one; the options
     checked first (`split`: --split, which --tasks refuses). `progress`: as evaluate_path's."""
-    check_task_options(options, output_path, split)
+    check_task_options(options, output_path, split, progress)
     devices_key = devices_lib.key_for(overrides.devices)
     what = "eval: restoring the checkpoint, running lm-eval's tasks"
     beat = progress_lib.Heartbeat(progress_lib.stderr_console(), what, on=progress)
@@ -243,7 +247,7 @@ def evaluate_tasks(
                 f"language_model); this run's task is {recipe.task}"
             )
         session = restored_session(checkpoint, held, recipe, "eval", None, devices_key)
-        results = harness.run_tasks(session, options, str(checkpoint), run_dir)
+        results = harness.run_tasks(session, options, str(checkpoint), run_dir, progress)
         return TasksResult(results, str(checkpoint), run_dir)
 
     with beat:

@@ -174,6 +174,16 @@ def lm_tasks(**extra: str):
     return setup
 
 
+# task YAMLs that parse but cannot be built: no prompt; a data file that is not there
+NO_PROMPT = (
+    "task: noprompt\ndataset_path: json\ndataset_kwargs: {data_files: {test: tiny_mc.jsonl}}\n"
+    "output_type: multiple_choice\ntest_split: test\ndoc_to_choice: choices\n"
+    "doc_to_target: answer\n"
+)
+NO_DATA = NO_PROMPT.replace("noprompt", "nodata").replace("tiny_mc.jsonl", "gone.jsonl")
+NO_DATA = NO_DATA.replace("doc_to_choice", "doc_to_text: question\ndoc_to_choice")
+
+
 def data_file(ckpt: Path) -> Path:
     return max(
         (p for p in ckpt.iterdir() if p.name.startswith("ckpt.data")),
@@ -665,6 +675,19 @@ CASES: dict[str, Case] = {
         "train.eval_tasks={tasks: [tiny_mcq], include_path: {tmp}/tasks}",
         expect="recipe key 'train.eval_tasks.tasks': unknown task 'tiny_mcq'",
         setup=lm_tasks(),
+    ),
+    # built before TensorFlow starts: not after the model is
+    "train eval_tasks no doc_to_text": lm(
+        "train.eval_tasks={tasks: [noprompt], include_path: {tmp}/tasks}",
+        expect="recipe key 'train.eval_tasks.tasks': task 'noprompt' "
+        "({tmp}/tasks/noprompt.yaml) cannot be built: its YAML sets no doc_to_text",
+        setup=lm_tasks(noprompt=NO_PROMPT),
+    ),
+    "train eval_tasks data file missing": lm(
+        "train.eval_tasks={tasks: [nodata], include_path: {tmp}/tasks}",
+        expect="recipe key 'train.eval_tasks.tasks': task 'nodata' ({tmp}/tasks/nodata.yaml) "
+        "cannot be built: Unable to find '{tmp}/tasks/gone.jsonl'",
+        setup=lm_tasks(nodata=NO_DATA),
     ),
     "train eval_tasks include path a file": lm(
         "train.eval_tasks={tasks: [tiny_mc], include_path: {tmp}/f}",
@@ -1502,6 +1525,19 @@ CASES: dict[str, Case] = {
         expect="task 'broken' not found; the task file '{tmp}/tasks/broken.yaml' does not parse",
         setup=lm_tasks(broken="task: broken\noutput_type: [multiple_choice\n"),
     ),
+    # built before the checkpoint is restored
+    "eval tasks no doc_to_text": c(
+        *("eval", "{run}", "--tasks", "noprompt", "--include-path", "{tmp}/tasks"),
+        expect="error: --tasks: task 'noprompt' ({tmp}/tasks/noprompt.yaml) cannot be built: "
+        "its YAML sets no doc_to_text",
+        setup=lm_tasks(noprompt=NO_PROMPT),
+    ),
+    "eval tasks data file missing": c(
+        *("eval", "{run}", "--tasks", "nodata", "--include-path", "{tmp}/tasks"),
+        expect="error: --tasks: task 'nodata' ({tmp}/tasks/nodata.yaml) cannot be built: "
+        "Unable to find '{tmp}/tasks/gone.jsonl'",
+        setup=lm_tasks(nodata=NO_DATA),
+    ),
     "eval tasks include path missing": c(
         *("eval", "{run}", "--tasks", "tiny_mc", "--include-path", "{tmp}/nope"),
         expect="error: --include-path '{tmp}/nope': no such folder; expected a folder of task",
@@ -2116,8 +2152,13 @@ CASES: dict[str, Case] = {
 
 
 @pytest.mark.parametrize("name", CASES, ids=list(CASES))
-def test_bad_input(name, tmp_path, trained_run, cli, cpu8):
+def test_bad_input(name, tmp_path, trained_run, cli, cpu8, monkeypatch):
     case = CASES[name]
+    # lm-eval's cases read local task data only; its caches outside the case's folder
+    for key, value in {"HF_HOME": "hf", "HF_DATASETS_CACHE": "hf/datasets"}.items():
+        monkeypatch.setenv(key, str(tmp_path / value))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tmp = tmp_path / "case"
     tmp.mkdir()
     run = tmp / "run"

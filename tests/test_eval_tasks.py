@@ -321,3 +321,183 @@ def test_eval_tasks_writes_beside_a_run_another_process_is_writing(offline, lm_r
     (written,) = beside.glob("results_*.json")
     assert "is being written by another dtcli process" in r.err and str(beside) in r.err
     assert numbers(json.loads(written.read_text())) == numbers(json.loads(r.out.splitlines()[-1]))
+
+
+# --------------------------------------------------------------------------- a user's task files
+
+
+def yes_no_task(folder: Path, name: str = "my_yesno", data_files: str = "{test: my.jsonl}") -> Path:
+    """A task written as lm-eval's guide writes one: `dataset_path: json` and relative
+    data_files (4 documents beside the YAML) -> its folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = [{"q": f"Is {n} even?", "label": n % 2} for n in range(4)]
+    (folder / "my.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files: {data_files}\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\n"
+        "doc_to_choice: ['yes', 'no']\ndoc_to_target: label\n"
+        "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n"
+    )
+    return folder
+
+
+def test_relative_data_files_resolve_against_the_yamls_folder():
+    """A string, list or dict of them; absolute paths, URLs and a hub data set's files kept."""
+    from dtcli.harness.local_data import resolve_data_files
+
+    here = Path("/tasks/mine")
+    cfg = {"dataset_path": "json", "dataset_kwargs": {"data_files": {
+        "test": "t.jsonl", "validation": ["a/v1.jsonl", "/abs/v2.jsonl"],
+        "train": "https://host/x.jsonl",
+    }}}  # fmt: skip
+    resolve_data_files(cfg, here)
+    assert cfg["dataset_kwargs"]["data_files"] == {
+        "test": "/tasks/mine/t.jsonl",
+        "validation": ["/tasks/mine/a/v1.jsonl", "/abs/v2.jsonl"],
+        "train": "https://host/x.jsonl",
+    }
+    one = {"dataset_path": "csv", "dataset_kwargs": {"data_files": "d.csv"}}
+    resolve_data_files(one, here)
+    assert one["dataset_kwargs"]["data_files"] == "/tasks/mine/d.csv"
+    by_dir = {"dataset_path": "json", "dataset_kwargs": {"data_dir": "d", "data_files": "x"}}
+    resolve_data_files(by_dir, here)
+    assert by_dir["dataset_kwargs"] == {"data_dir": "/tasks/mine/d", "data_files": "x"}
+    hub = {"dataset_path": "someone/data", "dataset_kwargs": {"data_files": "x.jsonl"}}
+    resolve_data_files(hub, here)
+    assert hub["dataset_kwargs"]["data_files"] == "x.jsonl"
+
+
+def test_a_task_reads_its_relative_data_files_from_any_working_directory(
+    offline, tmp_path, monkeypatch
+):
+    """Run from a folder other than the task's, the data files are the ones beside the YAML
+    (datasets alone reads them against the working directory: FileNotFoundError)."""
+    tasks = yes_no_task(tmp_path / "mine")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    options = harness.TaskOptions(("my_yesno",), include_path=str(tasks))
+    harness.check_tasks(options)
+    results = harness.evaluate(fake_lm(), options)
+    assert results["n-samples"]["my_yesno"] == {"original": 4, "effective": 4}
+    # fake_lm picks the choice with the smaller code sum, " no": right on the odd numbers
+    assert harness.metrics(results)["my_yesno/acc"] == 0.5
+    # include paths relative to the working directory, and tasks whose custom_dataset makes
+    # their files absolute itself (tests/data/lm_tasks, copied to tasks/)
+    monkeypatch.chdir(tmp_path)
+    for name, include in (("my_yesno", "mine"), ("tiny_mc", "tasks")):
+        options = harness.TaskOptions((name,), include_path=include, limit=2)
+        harness.check_tasks(options)
+        assert harness.evaluate(fake_lm(), options)["n-samples"][name]["effective"] == 2
+
+
+@pytest.mark.parametrize(
+    "yaml_text, cause",
+    [
+        (  # parses, but no prompt: lm-eval's own error is a bare TypeError
+            "task: bad\ndataset_path: json\ndataset_kwargs: {data_files: {test: my.jsonl}}\n"
+            "output_type: multiple_choice\ntest_split: test\ndoc_to_choice: ['yes', 'no']\n"
+            "doc_to_target: label\n",
+            "cannot be built: its YAML sets no doc_to_text",
+        ),
+        (
+            "task: bad\ndataset_path: json\ndataset_kwargs: {data_files: {test: gone.jsonl}}\n"
+            "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\n"
+            "doc_to_choice: ['yes', 'no']\ndoc_to_target: label\n",
+            "cannot be built: Unable to find '{folder}/gone.jsonl'",
+        ),
+        (  # builds (lm-eval tests choices only where a YAML gives them); no request
+            "task: bad\ndataset_path: json\ndataset_kwargs: {data_files: {test: my.jsonl}}\n"
+            "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\n"
+            "doc_to_target: label\n",
+            "its first document's request fails: its YAML sets no doc_to_choice",
+        ),
+    ],
+    ids=["no doc_to_text", "data file missing", "no choices"],
+)
+def test_check_tasks_builds_each_task_and_names_its_yaml_and_the_cause(
+    offline, tmp_path, yaml_text, cause
+):
+    """No TensorFlow, no model: a task that cannot be built or cannot make its first document's
+    request is one line naming the task, its YAML and why; nothing of lm-eval's on stdout."""
+    import io
+    from contextlib import redirect_stdout
+
+    from dtcli.errors import UsageError
+
+    folder = yes_no_task(tmp_path / "t")
+    (folder / "bad.yaml").write_text(yaml_text)
+    printed = io.StringIO()
+    with pytest.raises(UsageError) as caught, redirect_stdout(printed):
+        harness.check_tasks(harness.TaskOptions(("bad",), include_path=str(folder)))
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"--tasks: task 'bad' ({folder / 'bad.yaml'})")
+    assert cause.format(folder=folder) in line, line
+    assert printed.getvalue() == ""
+
+
+def loud_task(folder: Path) -> None:
+    """A task in `folder` (a copy of tests/data/lm_tasks) whose prompt function prints, and
+    whose data come through a `custom_dataset` (lm-eval then hints at its --metadata option)."""
+    (folder / "loud_prompt.py").write_text(
+        "def text(doc):\n    print('PRINTED BY A TASK')\n    return doc['question']\n"
+    )
+    loud = (folder / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: loud")
+    (folder / "loud.yaml").write_text(
+        loud.replace("doc_to_text: question", "doc_to_text: !function loud_prompt.text")
+    )
+
+
+def test_lm_evals_own_output_stays_off_stdout_and_out_of_the_way(
+    offline, tmp_path, monkeypatch, capfd
+):
+    """While lm-eval runs (outside any git checkout, progress off): what it prints goes to
+    stderr, no tqdm bar, no --metadata hint (its other warnings still log), no `fatal: not a git
+    repository` from its `git describe`, whose place in the results holds dtcli's version."""
+    import logging
+
+    from dtcli import __version__
+    from dtcli.harness.quiet import lm_eval_output
+
+    loud_task(offline)
+    monkeypatch.chdir(tmp_path)
+    no_git = subprocess.run(["git", "rev-parse"], capture_output=True, cwd=tmp_path)
+    assert no_git.returncode != 0  # the test's folder is in no git checkout
+    options = harness.TaskOptions(("loud",), include_path=str(offline), limit=3)
+    results = harness.evaluate(fake_lm(), options, progress=False)
+    assert results["git_hash"] == f"dtcli {__version__}"
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger = logging.getLogger("lm_eval.api.task")
+    logger.addHandler(handler)
+    try:
+        with lm_eval_output(progress=False):
+            logger.warning("a real warning")
+            logger.warning("t: Custom kwargs can be passed to `--metadata` in console")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["a real warning"]
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "PRINTED BY A TASK" in err
+    assert "fatal:" not in err and "Custom kwargs" not in err
+    assert "Tokenizing inputs" not in err and "it/s]" not in err, err[-500:]
+
+
+def test_eval_tasks_json_is_one_line_on_stdout_whatever_lm_eval_prints(
+    offline, lm_run, tmp_path, cli
+):
+    """--json --no-progress with a task whose prompt function prints: stdout is exactly the
+    results' one JSON line; the print, and no progress bar, on stderr."""
+    loud_task(offline)
+    run = copy_run(lm_run, tmp_path)
+    r = cli(
+        "eval", run, "--tasks", "loud", "--include-path", offline, "--limit", "2", "--json",
+        "--no-progress",
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    (line,) = r.out.splitlines()
+    assert json.loads(line)["n-samples"]["loud"]["effective"] == 2
+    assert "PRINTED BY A TASK" in r.err
+    assert "Tokenizing inputs" not in r.err and "it/s]" not in r.err, r.err[-500:]

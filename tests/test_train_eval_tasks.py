@@ -143,6 +143,8 @@ def test_each_evaluation_records_the_tasks_as_its_checkpoint_scores_them(trained
     lines = [x for x in r.err.splitlines() if x.startswith("step ") and "eval loss" in x]
     assert len(lines) == 2 and all(" | tiny_mc/acc " in x for x in lines), lines
     assert "running lm-eval tasks" in r.err
+    # no progress bar of lm-eval's (or datasets') between the loop's lines
+    assert "Tokenizing inputs" not in r.err and "it/s]" not in r.err, r.err[-500:]
 
 
 def test_tensorboard_holds_the_task_metrics_under_their_names(trained):

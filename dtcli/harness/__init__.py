@@ -38,12 +38,13 @@ def run_tasks(
     options: TaskOptions,
     model_name: str | None = None,
     run_dir: Path | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """`options`' tasks run by lm-eval on `session` (a language model's, its weights in place):
     lm-eval's results dict (tasks.evaluate). `model_name`: what the results call the model.
     `run_dir`: the run the weights come from (its chat template for --apply-chat-template, an
-    imported model's end-of-sequence ids)."""
+    imported model's end-of-sequence ids). `progress` false: no progress bars of lm-eval's."""
     from dtcli.harness.model import SessionLM
 
     lm = SessionLM(session, options.batch_size, run_dir=run_dir)
-    return evaluate(lm, options, model_name)
+    return evaluate(lm, options, model_name, progress=progress)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dtcli.errors import UsageError
+from dtcli.harness.local_data import resolve_beside_yaml
+from dtcli.harness.quiet import lm_eval_output
+from dtcli.harness.task_build import check_built, fetch_refusal
 
 # lm-eval's own CLI default (--seed 0,1234,1234,1234): Python's random, NumPy, torch, few-shot.
 DEFAULT_SEED = (0, 1234, 1234, 1234)
@@ -80,11 +84,19 @@ def check_values(options: TaskOptions, named: dict[str, str]) -> None:
         raise UsageError(f"{named['batch_size']} {options.batch_size}: expected 1 or more")
 
 
-def check_tasks(options: TaskOptions, named: str = "--tasks") -> None:
+# (tasks, include path) whose tasks check_tasks built in this process: built once, not again at
+# each evaluation of a training run nor by a command's second check
+_BUILT: set[tuple[tuple[str, ...], str | None]] = set()
+
+
+def check_tasks(options: TaskOptions, named: str = "--tasks", progress: bool = False) -> None:
     """Every task name known to lm-eval (the include path's first; lm-eval's own index, which
     takes seconds to build, only for names the include path lacks) and its YAML parsed: one line
     for an unknown name (with up to 5 close ones), a YAML that does not parse (naming the file),
-    an include path that is no folder. Builds no task and reads no data."""
+    an include path that is no folder. Then each task built with its data and its first document
+    made into text (task_build.check_built), once per process: one line naming the task, its
+    YAML and the cause otherwise. `progress`: datasets' bars while the data load, at a
+    terminal."""
     require_lm_eval(named)
     # an option names itself; a recipe section (train.eval_tasks) names its keys
     tasks_arg = named if named.startswith("--") else f"recipe key '{named}.tasks'"
@@ -94,13 +106,25 @@ def check_tasks(options: TaskOptions, named: str = "--tasks") -> None:
     if not options.tasks:
         raise UsageError(f"{tasks_arg}: expected at least one task name")
     include = _include_folder(options.include_path, include_arg)
-    missing = _missing(options.tasks, _manager(include, defaults=False)) if include else None
+    manager = _known(options.tasks, include, tasks_arg, include_arg)
+    if (options.tasks, include) in _BUILT:
+        return
+    # bars at a terminal only (a hub data set's download takes minutes): a refusal is one line
+    with lm_eval_output(progress and sys.stderr.isatty(), prints=False):
+        check_built(manager, options.tasks, tasks_arg)
+    _BUILT.add((options.tasks, include))
+
+
+def _known(tasks: tuple[str, ...], include: str | None, tasks_arg: str, include_arg: str) -> Any:
+    """The TaskManager that knows every name in `tasks` (task_manager's choice); one line for
+    the first name none knows."""
+    missing = _missing(tasks, _manager(include, defaults=False)) if include else None
     if missing == []:
-        return
+        return _manager(include, defaults=False)
     manager = _manager(include, defaults=True)
-    missing = _missing(options.tasks, manager)
+    missing = _missing(tasks, manager)
     if not missing:
-        return
+        return manager
     name = missing[0]
     broken = _broken_yaml(include) if include else []
     if broken:
@@ -128,10 +152,11 @@ def _include_folder(include_path: str | None, arg: str) -> str | None:
 @functools.lru_cache(maxsize=4)
 def _manager(include: str | None, defaults: bool) -> Any:
     """One TaskManager per (include path, defaults) in a process: check_tasks, then evaluate at
-    every evaluation of a training run, index lm-eval's 14,000 tasks once (~4 s)."""
+    every evaluation of a training run, index lm-eval's 14,000 tasks once (~4 s). Its tasks'
+    relative data files are read from beside their YAML (local_data)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include, include_defaults=defaults)
+    return resolve_beside_yaml(TaskManager(include_path=include, include_defaults=defaults))
 
 
 def _missing(tasks: tuple[str, ...], manager: Any) -> list[str]:
@@ -186,23 +211,26 @@ def task_manager(options: TaskOptions) -> Any:
 
 
 def evaluate(
-    lm: Any, options: TaskOptions, model_name: str | None = None, named: str = "--tasks"
+    lm: Any,
+    options: TaskOptions,
+    model_name: str | None = None,
+    named: str = "--tasks",
+    progress: bool = True,
 ) -> dict[str, Any]:
     """lm_eval.simple_evaluate of the LM instance `lm` on `options`: lm-eval's results dict as
     its CLI saves it (the run's configuration, task hashes and times included; `samples` too with
     log_samples). `model_name`: what the results call the model (lm-eval's `model_name`, which
     names the folder under an --output-path), the checkpoint's path. A task whose data cannot be
-    fetched (a hub task offline) is one line naming `named`."""
+    fetched (a hub task offline) is one line naming `named`. Whatever lm-eval prints goes to
+    stderr; `progress` false: no progress bars (quiet.lm_eval_output)."""
     from lm_eval.loggers import EvaluationTracker
 
     tracker = EvaluationTracker()
     try:
-        results = _simple_evaluate(lm, options, tracker, model_name)
+        with lm_eval_output(progress):
+            results = _simple_evaluate(lm, options, tracker, model_name)
     except ConnectionError as exc:  # what datasets raises for a hub data set it cannot reach
-        raise UsageError(
-            f"{named} {','.join(options.tasks)}: cannot fetch a task's data ({_first(exc)}); "
-            "offline, only tasks whose data are local or already cached run"
-        ) from None
+        raise fetch_refusal(named, options.tasks, exc) from None
     return _as_saved(dict(results), tracker)
 
 

@@ -35,8 +35,8 @@ def options(cfg: EvalTasksConfig) -> Any:
 
 
 def check(recipe: Recipe) -> None:
-    """lm_eval installed and every task name known to it (the include path's YAMLs parse):
-    one line naming train.eval_tasks otherwise. No TensorFlow."""
+    """lm_eval installed, every task name known to it (the include path's YAMLs parse) and
+    every task built with its data: one line naming train.eval_tasks otherwise. No TensorFlow."""
     cfg = recipe.train.eval_tasks
     if cfg is None:
         return
@@ -65,26 +65,21 @@ class TaskRunner:
             self._lm = SessionLM(self.session, self.options.batch_size, run_dir=self.run_dir)
         start = time.perf_counter()
         with _quiet_loggers():
-            results = harness_tasks.evaluate(self._lm, self.options)
+            results = harness_tasks.evaluate(self._lm, self.options, progress=False)
         return {**harness.metrics(results), SECONDS: time.perf_counter() - start}
 
 
 @contextlib.contextmanager
 def _quiet_loggers() -> Iterator[None]:
-    """lm-eval's and datasets' warnings and datasets' progress bars, at every evaluation, would
-    fill the run's output between its epoch lines: only their errors while the tasks run."""
-    import datasets
-
+    """lm-eval's and datasets' warnings, at every evaluation, would fill the run's output
+    between its epoch lines: only their errors while the tasks run (their progress bars are off:
+    evaluate's progress=False)."""
     loggers = [logging.getLogger(name) for name in ("lm_eval", "datasets")]
     levels = [logger.level for logger in loggers]
-    bars = datasets.is_progress_bar_enabled()
     for logger in loggers:
         logger.setLevel(logging.ERROR)
-    datasets.disable_progress_bars()
     try:
         yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-        if bars:
-            datasets.enable_progress_bars()
