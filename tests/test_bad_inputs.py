@@ -671,6 +671,12 @@ CASES: dict[str, Case] = {
         "train.eval_tasks={tasks: [tiny_mc], include_path: ''}",
         expect="recipe key 'train.eval_tasks.include_path'",
     ),
+    "train eval_tasks on packed windows": jsonl_case(
+        PAIR * 8,
+        "data.packing=true",
+        "train.eval_tasks={tasks: [tiny_mc]}",
+        expect="recipe key 'train.eval_tasks': the training model takes packed windows",
+    ),
     "train eval_tasks unknown": lm(
         "train.eval_tasks={tasks: [tiny_mcq], include_path: {tmp}/tasks}",
         expect="recipe key 'train.eval_tasks.tasks': unknown task 'tiny_mcq'",

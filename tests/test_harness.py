@@ -253,11 +253,18 @@ def test_a_long_request_is_left_truncated_as_lm_evals_hf(lms, tokenizer):
     assert full[0] != shorter[0]
 
 
-def test_every_batch_has_one_shape_compiled_once(lms, results):
-    """Requests of every length (tiny_mc's, and the rolling windows) ran in one shape."""
+def test_batches_run_in_a_few_shapes_each_compiled_once(lms, results):
+    """Requests of every length (tiny_mc's short ones, the rolling windows of a whole context)
+    ran in windows of a power of two from 32 up to the context, each shape traced once; the
+    short ones not padded to the context (their equality with score: the tests above)."""
+    from dtcli.harness.requests import window_length
+
+    assert [window_length(n, 64, True) for n in (1, 32, 33, 64, 65)] == [32, 32, 64, 64, 64]
+    assert window_length(5, 64, False) == 64  # a model built at its context's length
     for lm in lms.values():
-        assert lm.shapes_run == {(lm.rows, LM_CONTEXT)}
-        assert lm._logprobs.logprobs.experimental_get_tracing_count() == 1
+        assert lm.shapes_run == {(lm.rows, 32), (lm.rows, LM_CONTEXT)}
+        tracings = lm._logprobs.logprobs.experimental_get_tracing_count()
+        assert tracings == len(lm.shapes_run)
 
 
 def test_rolling_without_a_prefix_token_is_refused(lms):

@@ -54,7 +54,15 @@ class SessionLM(TemplateLM):
         self.text_tokenizer = session.data.tokenizer
         if self.text_tokenizer is None:
             raise UsageError("lm-eval: the session is not a language model's (no tokenizer)")
-        self.context = int(session.data.input_shape[0])
+        shape = tuple(session.data.input_shape)
+        if len(shape) != 1:  # a training session's packed windows [3, context]
+            raise UsageError(
+                f"lm-eval: the model takes windows of shape {list(shape)} (packed instruction "
+                "data); its tasks need one sequence of tokens a row"
+            )
+        self.context = int(shape[0])
+        # dtcli's GPT takes windows shorter than the context (models.transformer.any_window)
+        self.any_length = session.recipe.model.transformer is not None
         data = session.recipe.data
         if batch_size is not None and batch_size < 1:
             raise UsageError(f"--batch-size {batch_size}: expected a positive integer")
@@ -133,12 +141,14 @@ class SessionLM(TemplateLM):
         from dtcli.infer.logprobs import TargetLogprobs
 
         if self._logprobs is None:
-            self._logprobs = TargetLogprobs(self.session)
+            self._logprobs = TargetLogprobs(self.session, self.any_length)
         cut = [requests_lib.scored(ctx, cont, self.max_length) for _, ctx, cont in requests]
         out: list[tuple[float, bool]] = [(0.0, True)] * len(cut)
         for group in requests_lib.batches(cut, self.rows):
             batch = [cut[i] for i in group]
-            inputs, targets, wanted = requests_lib.batch_arrays(batch, self.rows, self.context)
+            longest = max(request.length for request in batch)
+            length = requests_lib.window_length(longest, self.context, self.any_length)
+            inputs, targets, wanted = requests_lib.batch_arrays(batch, self.rows, length)
             self.shapes_run.add(inputs.shape)
             logprobs, greedy = self._logprobs(inputs, targets)
             for row, i in enumerate(group):

@@ -6,10 +6,12 @@ A loglikelihood request (context ids, continuation ids) is scored over (context 
 continuation)[-(max_length + 1):]: its input all but the last of those tokens, its targets all
 but the first, its continuation's log probabilities the last len(continuation) targets' (all of
 them where the continuation alone is longer than the context). Requests run in batches of `rows`
-rows, longest first (lm-eval's order too), each batch padded to one shape, [rows, context], so
-the forward pass lowers and compiles once: a model's input has the context's length (tf-keras
-checks it: a Functional model's input is built at that length). The padding is on the right,
-which a causal model's real positions never see.
+rows, longest first (lm-eval's order too), each batch padded on the right (which a causal
+model's real positions never see) to a length of a small fixed set, so that each shape lowers
+and compiles once: dtcli's own GPT takes the smallest power of two from MIN_WINDOW that holds the
+batch's longest request, at most the context (a multiple-choice request of 20 tokens need not
+cost a 1,024-token window: at most log2(context / MIN_WINDOW) + 1 shapes); any other model
+takes the context (its input is built at that length).
 """
 
 from __future__ import annotations
@@ -53,10 +55,23 @@ def batches(requests: Sequence[Scored], rows: int) -> Iterator[list[int]]:
         yield order[first : first + rows]
 
 
+MIN_WINDOW = 32  # the shortest window a batch is padded to
+
+
+def window_length(longest: int, context: int, any_length: bool) -> int:
+    """The length a batch whose longest request has `longest` input tokens is padded to."""
+    if not any_length:
+        return context
+    length = MIN_WINDOW
+    while length < longest:
+        length *= 2
+    return min(length, context)
+
+
 def batch_arrays(
     group: Sequence[Scored], rows: int, length: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """inputs and targets [rows, length] int32 (`length`: the context; right-padded with 0s,
+    """inputs and targets [rows, length] int32 (`length`: window_length's; right-padded with 0s,
     padding rows after the requests) and which targets are a continuation's [rows, length]
     bool."""
     inputs = np.zeros((rows, length), np.int32)

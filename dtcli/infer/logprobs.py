@@ -14,6 +14,7 @@ a vocabulary it was padded to) are -inf and take no probability; nothing is reno
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,9 @@ class TargetLogprobs:
     """(inputs [rows, length], targets [rows, length]) -> (log p(target) [rows, length] float32,
     whether the target is the argmax of its logits [rows, length] bool)."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Any, any_length: bool = False):
+        """`any_length`: windows shorter than the context are taken as they are (dtcli's own
+        unpacked GPT: models.transformer.any_window); otherwise they must be [rows, context]."""
         import tensorflow as tf
         from tensorflow.experimental import dtensor
 
@@ -47,13 +50,18 @@ class TargetLogprobs:
             return dtensor.relayout(out, both), dtensor.relayout(greedy, both)
 
         self.logprobs = logprobs
+        self.any_length = any_length
 
     def __call__(self, inputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         from dtcli.infer.forward import on_host
         from dtcli.steps import xla_refusal
 
+        from dtcli.models.transformer import any_window
+
         pack = self.session.packer.pack
+        module = self.session.model.module
+        lengths = any_window(module) if self.any_length else contextlib.nullcontext()
         # A `model.build` model with an op XLA has no kernel for: one line, as `train` says it.
-        with xla_refusal(self.session):
+        with xla_refusal(self.session), lengths:  # a new length traces the model anew
             out, greedy = self.logprobs(pack(inputs), pack(targets))
         return on_host(out), on_host(greedy).astype(bool)

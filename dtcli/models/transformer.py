@@ -63,6 +63,8 @@ changes: the same checkpoint runs either input.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dtcli.layout import WeightInfo
@@ -114,6 +116,27 @@ def build(
     if masks_vocab(cfg, vocab):
         logits = g.VocabMask(cfg.vocab_size, "vocab_mask")(logits)
     return tf_keras.Model(window, logits, name="gpt")
+
+
+@contextmanager
+def any_window(module: Any) -> Iterator[None]:
+    """While it lasts, the built GPT `module` takes unpacked windows of any length up to its
+    context ([batch, length] tokens -> [batch, length, vocab] logits). Its layers already
+    compute on the length they are given (the causal mask, the first `length` learned positions
+    or rope angles); only the Functional model's input check, made at the context's length,
+    refuses a shorter one. Positions before the end of a window see exactly what they would
+    in a full one, so a short request need not be padded to the whole context (lm-eval's
+    loglikelihood batches)."""
+    had = "_manual_input_spec" in module.__dict__
+    kept = module.__dict__.get("_manual_input_spec")
+    module.input_spec = None  # tf-keras' setter: no check of the input's shape
+    try:
+        yield
+    finally:
+        if had:
+            module.input_spec = kept
+        else:
+            del module._manual_input_spec
 
 
 PACKED_ROWS = 3  # a packed window's rows: token ids, segment ids, position ids

@@ -299,6 +299,11 @@ def _check_eval_tasks(recipe: Recipe) -> None:
             f"{key}': lm-evaluation-harness tasks score a language model's text; this recipe's "
             f"task is {recipe.task} (remove train.eval_tasks)"
         )
+    if recipe.data.packing:
+        raise UsageError(
+            f"{key}': the training model takes packed windows (data.packing: true) and the "
+            "tasks one sequence a row; run dtcli eval RUN --tasks on its checkpoints instead"
+        )
     if not tasks.tasks:
         raise UsageError(f"{key}.tasks': expected a non-empty list of task names, got []")
     for i, name in enumerate(tasks.tasks):
