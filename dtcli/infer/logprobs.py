@@ -54,9 +54,8 @@ class TargetLogprobs:
 
     def __call__(self, inputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         from dtcli.infer.forward import on_host
-        from dtcli.steps import xla_refusal
-
         from dtcli.models.transformer import any_window
+        from dtcli.steps import xla_refusal
 
         pack = self.session.packer.pack
         module = self.session.model.module
