@@ -3,7 +3,7 @@ its three request types on the session's mesh, in process.
 
 - loglikelihood: each (context, continuation) encoded as lm-eval encodes it (TemplateLM's
   `_encode_pair`: the whole text once, the continuation the tokens past the context's own
-  encoding), cut and batched to one shape (requests.py), scored by infer/logprobs.py: the
+  encoding), cut and batched in a few fixed shapes (requests.py), scored by infer/logprobs.py: the
   sum of the continuation's log probabilities and whether each of its tokens is the argmax.
 - loglikelihood_rolling: a document's disjoint windows, lm-eval's own
   (utils.get_rolling_token_windows from the prefix token, context_len 1), as loglikelihood

@@ -8,8 +8,8 @@ but the first, its continuation's log probabilities the last len(continuation) t
 them where the continuation alone is longer than the context). Requests run in batches of `rows`
 rows, longest first (lm-eval's order too), each batch padded on the right (which a causal
 model's real positions never see) to a length of a small fixed set, so that each shape lowers
-and compiles once: dtcli's own GPT takes the smallest power of two from MIN_WINDOW that holds the
-batch's longest request, at most the context (a multiple-choice request of 20 tokens need not
+and compiles once: dtcli's own GPT takes the smallest power of two from MIN_WINDOW (16) that holds
+the batch's longest request, at most the context (a multiple-choice request of 20 tokens need not
 cost a 1,024-token window: at most log2(context / MIN_WINDOW) + 1 shapes); any other model
 takes the context (its input is built at that length).
 """
@@ -55,7 +55,7 @@ def batches(requests: Sequence[Scored], rows: int) -> Iterator[list[int]]:
         yield order[first : first + rows]
 
 
-MIN_WINDOW = 32  # the shortest window a batch is padded to
+MIN_WINDOW = 16  # the shortest window a batch is padded to
 
 
 def window_length(longest: int, context: int, any_length: bool) -> int:
