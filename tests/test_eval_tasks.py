@@ -466,6 +466,9 @@ def test_lm_evals_own_output_stays_off_stdout_and_out_of_the_way(
     options = harness.TaskOptions(("loud",), include_path=str(offline), limit=3)
     results = harness.evaluate(fake_lm(), options, progress=False)
     assert results["git_hash"] == f"dtcli {__version__}"
+    # not torch's collect_env (nor a torch import to seed it): what scored is dtcli
+    assert results["pretty_env_info"].startswith(f"dtcli {__version__}, TensorFlow ")
+    assert results["config"]["torch_seed"] == 1234  # --seed's third value still recorded
     seen = []
     handler = logging.Handler()
     handler.emit = seen.append

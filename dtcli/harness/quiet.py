@@ -29,6 +29,7 @@ def lm_eval_output(progress: bool = True, prints: bool = True) -> Iterator[None]
         stack.enter_context(contextlib.redirect_stdout(sys.stderr if prints else io.StringIO()))
         stack.enter_context(_metadata_hint_dropped())
         stack.enter_context(_dtcli_as_git_hash())
+        stack.enter_context(_no_torch())
         if not progress:
             stack.enter_context(_no_progress_bars())
         yield
@@ -68,6 +69,35 @@ def _dtcli_as_git_hash() -> Iterator[None]:
         yield
     finally:
         lm_eval.evaluator.get_git_commit_hash = real
+
+
+@contextlib.contextmanager
+def _no_torch() -> Iterator[None]:
+    """Where torch is installed (beside dtcli, not for it), lm-eval imports it to seed it and to
+    run torch's collect_env into the results (0.8 s, then 0.4 s at every evaluation of a
+    training run), though nothing of dtcli's runs on torch: neither happens, and the results'
+    environment names what scored (dtcli, TensorFlow). --seed's third value is still recorded."""
+    from importlib.metadata import version
+
+    import lm_eval.evaluator
+
+    from dtcli import __version__
+
+    def env_info(storage: dict) -> None:
+        storage.update(
+            pretty_env_info=f"dtcli {__version__}, TensorFlow {version('tensorflow')}",
+            transformers_version="N/A (not used by dtcli)",
+            lm_eval_version=version("lm_eval"),
+            upper_git_hash=None,
+        )
+
+    real = lm_eval.evaluator.set_torch_seed, lm_eval.evaluator.add_env_info
+    lm_eval.evaluator.set_torch_seed = lambda seed: None
+    lm_eval.evaluator.add_env_info = env_info
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.set_torch_seed, lm_eval.evaluator.add_env_info = real
 
 
 @contextlib.contextmanager
