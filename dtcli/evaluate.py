@@ -246,6 +246,10 @@ def evaluate_tasks(
                 f"CHECKPOINT {str(path)!r}: --tasks needs a language model (task "
                 f"language_model); this run's task is {recipe.task}"
             )
+        if options.apply_chat_template:  # before any weight is read
+            from dtcli.harness.model import check_chat_template
+
+            check_chat_template(recipe, run_dir)
         session = restored_session(checkpoint, held, recipe, "eval", None, devices_key)
         results = harness.run_tasks(session, options, str(checkpoint), run_dir, progress)
         return TasksResult(results, str(checkpoint), run_dir)

@@ -290,6 +290,26 @@ def test_eval_tasks_prints_lm_evals_table_and_writes_its_files_into_the_run(
     assert len(list((run / LM_EVAL).iterdir())) == 3  # the run's own files alone
 
 
+def test_apply_chat_template_without_a_template_is_refused_before_the_restore(
+    offline, lm_run, cli, monkeypatch
+):
+    """--apply-chat-template on a run with no chat template: refused from the run's files,
+    before a weight is read (a large model's restore is no wait for a refusal)."""
+    from dtcli.session import restore
+
+    def no_restore(*args, **kwargs):
+        raise AssertionError("restored before the refusal")
+
+    monkeypatch.setattr(restore, "restored_session", no_restore)
+    r = cli(
+        "eval", lm_run, "--tasks", "tiny_gen", "--include-path", offline,
+        "--apply-chat-template", "--no-progress",
+    )  # fmt: skip
+    assert r.code == 2 and r.out == ""
+    assert r.err_lines[-1].startswith("error: --apply-chat-template: this run was trained")
+    assert "restored before" not in r.err
+
+
 def test_eval_tasks_writes_beside_a_run_another_process_is_writing(offline, lm_run, tmp_path, cli):
     """While another process holds the run's lock (a run in training), the results go into
     RUN_DIR-lm_eval beside it, said so on stderr, and the run is left as it was; a refusal

@@ -266,22 +266,35 @@ class SessionLM(TemplateLM):
         return self._template().render(chat_history, add_generation_prompt=add_generation_prompt)
 
     def _template(self) -> Any:
-        from dtcli.data import chat, jsonl
-        from dtcli.hf import tokenizer_files
+        from dtcli.data import jsonl
         from dtcli.rundir.files import TOKENIZER
 
         recipe = self.session.recipe
+        check_chat_template(recipe, self.run_dir)
         saved = None if self.run_dir is None else storage.as_path(self.run_dir) / TOKENIZER
-        kept = None if saved is None else saved.parent / tokenizer_files.FOLDER
-        if recipe.data.source != "jsonl" and (kept is None or not chat.beside([kept])):
-            raise UsageError(
-                "--apply-chat-template: this run was trained without instruction data (data."
-                f"source {recipe.data.source}) and keeps no chat template"
-            )
         cfg = recipe.data
         if cfg.source != "jsonl":  # only the run's kept files, as generate --chat reads them
             cfg = dataclasses.replace(cfg, tokenizer=None)
         return jsonl.template(cfg, saved, self.text_tokenizer)
+
+
+def check_chat_template(recipe: Any, run_dir: Path | None) -> None:
+    """--apply-chat-template needs the run's chat template: its instruction data's (data.source
+    jsonl), or the tokenizer_config.json the run keeps in RUN_DIR/hf (an imported model's).
+    Reads files only: `dtcli eval` checks it before any weight is restored."""
+    from dtcli.data import chat
+    from dtcli.hf import tokenizer_files
+
+    if recipe.data.source == "jsonl":
+        return
+    kept = None if run_dir is None else storage.as_path(run_dir) / tokenizer_files.FOLDER
+    if kept is None or not chat.beside([kept]):
+        raise UsageError(
+            "--apply-chat-template: this run was trained without instruction data (data."
+            f"source {recipe.data.source}) and keeps no chat template (no chat_template in "
+            "RUN_DIR/hf/tokenizer_config.json); evaluate without it, or a run fine-tuned on "
+            "instruction data (data.source: jsonl) or imported with a chat template"
+        )
 
 
 def _bos(tokenizer: Any) -> tuple[int, ...]:
