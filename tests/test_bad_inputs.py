@@ -1565,7 +1565,7 @@ CASES: dict[str, Case] = {
     ),
     "eval tasks limit zero": c(
         *("eval", "{run}", "--tasks", "tiny_mc", "--limit", "0"),
-        expect="error: --limit 0.0: expected a count of examples per task",
+        expect="error: --limit 0: expected a count of examples per task",
     ),
     "eval tasks few-shot negative": c(
         *("eval", "{run}", "--tasks", "tiny_mc", "--num-fewshot", "-1"),

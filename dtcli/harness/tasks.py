@@ -75,7 +75,7 @@ def check_values(options: TaskOptions, named: dict[str, str]) -> None:
     limit = options.limit
     if limit is not None and (not math.isfinite(limit) or limit <= 0):
         raise UsageError(
-            f"{named['limit']} {limit}: expected a count of examples per task (>= 1) or a "
+            f"{named['limit']} {limit:g}: expected a count of examples per task (>= 1) or a "
             "fraction of each task (0 < limit < 1)"
         )
     if options.num_fewshot is not None and options.num_fewshot < 0:
