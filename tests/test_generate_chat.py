@@ -191,3 +191,28 @@ def test_a_conversation_is_encoded_as_training_encodes_its_prompt(run):
     first = int(np.flatnonzero(example.response)[0])
     np.testing.assert_array_equal(ids, example.ids[:first])
     assert fmt.end_of_turn == 258
+
+
+def test_lm_eval_with_the_chat_template_generates_as_generate_chat(run):
+    """lm-eval's --apply-chat-template through SessionLM on a chatml run: each request is the
+    conversation rendered with the run's template, and generate_until stops at <|im_end|> (not
+    the tokenizer's end of text) and leaves it out: the answers of generate --chat, greedy."""
+    from lm_eval.api.instance import Instance
+
+    from dtcli.harness.model import SessionLM
+
+    chat_run = generate.Generator(run, mesh="batch=1", devices="cpu:8", use_devices=1, chat=True)
+    prompts = [
+        generate.Conversation(({"role": "user", "content": f"Uppercase: {w}"},)) for w in WORDS
+    ]
+    expected = [a.text for _, a in chat_run.answers(prompts, greedy())]
+    lm = SessionLM(chat_run.session, run_dir=run)
+    contexts = [lm.apply_chat_template(list(p.messages)) for p in prompts]
+    assert contexts[0] == f"{IM_START}user\nUppercase: thee{IM_END}\n{IM_START}assistant\n"
+    assert 258 in lm.stop_ids and 256 in lm.stop_ids
+    settings = {"until": ["\n\n\n"], "max_gen_toks": TOKENS, "do_sample": False}
+    requests = [
+        Instance("generate_until", {}, (c, dict(settings)), i) for i, c in enumerate(contexts)
+    ]
+    assert lm.generate_until(requests) == expected
+    # (this run answers at once: <|im_end|> first; without that stop the text would go on)

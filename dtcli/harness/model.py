@@ -77,6 +77,8 @@ class SessionLM(TemplateLM):
         self._logprobs: Any = None
         self._forwards: dict[int, Any] = {}
         self.shapes_run: set[tuple[int, ...]] = set()  # the loglikelihood batches' shapes
+        self._chat_template: Any = None  # the run's, read at the first request that asks
+        self._end_of_turn: frozenset[int] | None = None  # its end-of-turn id, once rendered
 
     # --- tokens --------------------------------------------------------------------------
 
@@ -262,10 +264,23 @@ class SessionLM(TemplateLM):
     def apply_chat_template(
         self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        """The conversation rendered with the run's chat template (as generate --chat)."""
-        return self._template().render(chat_history, add_generation_prompt=add_generation_prompt)
+        """The conversation rendered with the run's chat template (as generate --chat). From
+        then on a generation also stops at the template's end of turn (<|im_end|>, <|eot_id|>),
+        which its text leaves out, as generate --chat's answers do."""
+        template = self._template()
+        if self._end_of_turn is None:  # once: lm-eval renders every request
+            token = template.end_of_turn()
+            single = None if token is None else TextEncoder(self.text_tokenizer).single_id(token)
+            self._end_of_turn = frozenset(() if single is None else (single,))
+            self.stop_ids = self.stop_ids | self._end_of_turn
+        return template.render(chat_history, add_generation_prompt=add_generation_prompt)
 
     def _template(self) -> Any:
+        if self._chat_template is None:
+            self._chat_template = self._read_template()
+        return self._chat_template
+
+    def _read_template(self) -> Any:
         from dtcli.data import jsonl
         from dtcli.rundir.files import TOKENIZER
 
