@@ -427,9 +427,26 @@ LM_TRAIN = [
 
 @pytest.fixture(scope="session")
 def lm_run(tmp_path_factory, cpu8) -> Path:
-    """A language model's run directory (LM_TRAIN, trained in this process on batch=8):
-    shared by every test that evaluates a language model; copy it before changing anything."""
-    folder = tmp_path_factory.mktemp("lm_run")
+    """A language model's run directory (LM_TRAIN, trained on batch=8): shared by every test
+    that evaluates a language model, and by the xdist workers of one run (the first to need it
+    trains it in its process while the others wait on a lock, then all read it: test_harness
+    and test_eval_tasks run on different workers); copy it before changing anything."""
+    import fcntl
+
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:  # one process: its own
+        return _train_lm_run(tmp_path_factory.mktemp("lm_run"))
+    folder = tmp_path_factory.getbasetemp().parent / f"lm_run-{run_id}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / "trained").exists():
+            _train_lm_run(folder)
+            (folder / "trained").write_text("")
+    return folder / "run"
+
+
+def _train_lm_run(folder: Path) -> Path:
     corpus = write_corpus(folder / "corpus.txt", 100_000)
     sets = [x for s in (f"data.path={corpus}", *LM_TRAIN) for x in ("--set", s)]
     out = folder / "run"
