@@ -32,7 +32,6 @@ also stops at the template's end of turn, which is not printed. What the command
 
 from __future__ import annotations
 
-import codecs
 import sys
 import time
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from dtcli.generate.chat import Conversation, check_template_option, read_conver
 from dtcli.generate.output import Stats, _first_compiled, _heartbeat, write, write_json
 from dtcli.generate.prompts import DEFAULT_PROMPT, prompt_bytes, read_prompts
 from dtcli.generate.settings import MAX_TOKENS, Settings, check_options
+from dtcli.hf import tokenizer_files
 from dtcli.infer import decoding
 from dtcli.infer.decoding import pick, restart_keep, window_start
 from dtcli.recipe import Overrides, Recipe
@@ -107,7 +107,7 @@ class Generator:
             from dtcli.session.restore import restored_session
 
             key = devices_lib.key_for(devices)
-            self.end_of_sequence = _end_of_sequence(saved.parent)
+            self.end_of_sequence = tokenizer_files.end_of_sequence_ids(saved.parent)
             session = restored_session(found, held, recipe, "generate", use_devices, key)
             if chat:
                 tok = session.data.tokenizer
@@ -221,22 +221,18 @@ class Generator:
         return notes
 
     def stop_ids(self) -> frozenset[int]:
-        """The ids that end a prompt's text: an imported model's end-of-sequence ids, else the
-        tokenizer's end-of-document id (where it has one); with --chat, its end of turn too."""
-        if self.end_of_sequence is not None:
-            found = self.end_of_sequence
-        else:
-            eot = self.tokenizer.eot
-            found = frozenset(() if eot is None else (eot,))
+        """The ids that end a prompt's text (decoding.stop_ids: an imported model's
+        end-of-sequence ids, else the tokenizer's end of text); with --chat, its end of turn."""
+        found = decoding.stop_ids(self.tokenizer.eot, self.end_of_sequence)
         if self.chat is not None and self.chat.end_of_turn is not None:
             found |= {self.chat.end_of_turn}
         return found
 
-    def _text(self) -> _Text:
-        """A prompt's new text; with --chat, the answer only (its end of turn not printed)."""
-        pieces = self.tokenizer.pieces()
-        pieces = pieces + [b""] * (self.vocab - len(pieces))  # an imported vocabulary's ids
-        return _Text(pieces, self.stop_ids() if self.chat is not None else frozenset())
+    def _text(self) -> decoding.NewText:
+        """A prompt's new text; with --chat, the answer only (its end of turn not printed). An
+        imported vocabulary's ids past the tokenizer's print nothing."""
+        hidden = self.stop_ids() if self.chat is not None else frozenset()
+        return decoding.NewText(self.tokenizer.pieces(), hidden)
 
     def _encode(self, prompt: Prompt) -> np.ndarray:
         if isinstance(prompt, Conversation):
@@ -291,30 +287,6 @@ class Answer:
     stopped: bool
 
 
-class _Text:
-    """New tokens as text: their bytes decoded as UTF-8 (invalid sequences replaced); the
-    `hidden` ids' bytes left out (--chat's end of turn)."""
-
-    def __init__(self, pieces: list[bytes], hidden: frozenset[int] = frozenset()):
-        self.pieces = pieces
-        self.hidden = hidden
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.parts: list[str] = []
-
-    def add(self, token: int) -> str:
-        piece = b"" if token in self.hidden else self.pieces[token]
-        self.parts.append(self.decoder.decode(piece))
-        return self.parts[-1]
-
-    def end(self) -> str:
-        self.parts.append(self.decoder.decode(b"", final=True))
-        return self.parts[-1]
-
-    def whole(self) -> str:
-        self.end()
-        return "".join(self.parts)
-
-
 def command_prompts(
     prompts: list[str] | None, prompts_file: str | None, chat: bool, chat_template: str | None
 ) -> list[Prompt]:
@@ -347,11 +319,3 @@ def stream(
         raise UsageError("--prompt: expected at least one character")
     data = prompt if isinstance(prompt, bytes) else read_prompts([prompt], None)[0]
     yield from Generator(path, mesh, devices, use_devices).pieces(data, settings)
-
-
-def _end_of_sequence(run: Path) -> frozenset[int] | None:
-    """An imported run's end-of-sequence ids (None: the tokenizer's end-of-document token)."""
-    from dtcli.hf import tokenizer_files
-
-    ids = tokenizer_files.end_of_sequence_ids(run)
-    return None if ids is None else frozenset(ids)

@@ -20,7 +20,6 @@ lm_eval is an optional extra: this module imports it, so import it only where it
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 from pathlib import Path
@@ -36,6 +35,7 @@ from dtcli.data.instructions import TextEncoder
 from dtcli.data.tokenizer import ByteTokenizer
 from dtcli.errors import UsageError
 from dtcli.harness import requests as requests_lib
+from dtcli.hf import tokenizer_files
 from dtcli.infer import decoding
 
 MAX_GEN_TOKS = 256  # lm-eval's default for a task that names none
@@ -70,7 +70,8 @@ class SessionLM(TemplateLM):
             batch_size or data.eval_batch_size or data.batch_size, session.packer.shards
         )
         self.run_dir = run_dir
-        self.stop_ids = _stop_ids(self.text_tokenizer, run_dir)
+        found = None if run_dir is None else tokenizer_files.end_of_sequence_ids(run_dir)
+        self.stop_ids = decoding.stop_ids(self.text_tokenizer.eot, found)
         self.vocab = session.recipe.model.real_vocab or self.text_tokenizer.vocab_size
         bos = () if isinstance(self.text_tokenizer, ByteTokenizer) else _bos(self.text_tokenizer)
         self.bos_id: int | None = bos[0] if len(bos) == 1 else None
@@ -221,11 +222,12 @@ class SessionLM(TemplateLM):
             for c in contexts
         ]
         picker = _Picker(kwargs, self.vocab, indices)
-        texts = [_Text(self.text_tokenizer, self.stop_ids) for _ in prompts]
+        pieces = self.text_tokenizer.pieces()
+        texts = [decoding.NewText(pieces, self.stop_ids) for _ in prompts]
 
         def ends(row: int, token: int) -> bool:
-            text = texts[row].add(token)
-            return any(stop and stop in text for stop in until)
+            texts[row].add(token)
+            return any(stop and stop in texts[row].text for stop in until)
 
         forward = self._forward()
         if hasattr(forward, "reset"):
@@ -298,7 +300,6 @@ def check_chat_template(recipe: Any, run_dir: Path | None) -> None:
     jsonl), or the tokenizer_config.json the run keeps in RUN_DIR/hf (an imported model's).
     Reads files only: `dtcli eval` checks it before any weight is restored."""
     from dtcli.data import chat
-    from dtcli.hf import tokenizer_files
 
     if recipe.data.source == "jsonl":
         return
@@ -316,17 +317,6 @@ def _bos(tokenizer: Any) -> tuple[int, ...]:
     return TextEncoder(tokenizer).bos_ids
 
 
-def _stop_ids(tokenizer: Any, run_dir: Path | None) -> frozenset[int]:
-    """The ids that end a generation, as generate stops: an imported model's end-of-sequence
-    ids, else the tokenizer's end of text (where it has one)."""
-    from dtcli.hf import tokenizer_files
-
-    found = None if run_dir is None else tokenizer_files.end_of_sequence_ids(run_dir)
-    if found is not None:
-        return frozenset(found)
-    return frozenset(() if tokenizer.eot is None else (tokenizer.eot,))
-
-
 class _Picker:
     """A request's next token: the argmax at temperature 0 (the tokenizer's ids only), else a
     draw from its own host RNG seeded with (0, the request's index), as generate seeds one."""
@@ -342,23 +332,3 @@ class _Picker:
         return decoding.pick(
             logits, self.temperature, self.top_k, self.rngs[row], self.vocab, self.top_p
         )
-
-
-class _Text:
-    """A row's new text as its tokens come (UTF-8, bad sequences replaced), stop ids left out."""
-
-    def __init__(self, tokenizer: Any, hidden: frozenset[int]):
-        self.pieces = tokenizer.pieces()
-        self.hidden = hidden
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-
-    def add(self, token: int) -> str:
-        """The text so far, `token` added."""
-        piece = b"" if token in self.hidden or token >= len(self.pieces) else self.pieces[token]
-        self.text += self.decoder.decode(piece)
-        return self.text
-
-    def whole(self) -> str:
-        """The text, a last incomplete UTF-8 sequence replaced."""
-        return self.text + self.decoder.decode(b"", final=True)

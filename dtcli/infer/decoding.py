@@ -19,6 +19,7 @@ than the context; up to there the text is the same as nanoGPT's.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
@@ -145,3 +146,42 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     out = np.zeros_like(probs)
     out[order[:kept]] = probs[order[:kept]]
     return out / out.sum()
+
+
+def stop_ids(eot: int | None, end_of_sequence: Collection[int] | None) -> frozenset[int]:
+    """The ids that end a generation (generate's and lm-eval's generate_until): an imported
+    run's end-of-sequence ids where it has them (hf.tokenizer_files.end_of_sequence_ids: several
+    for Llama 3, as transformers' generate stops), else the tokenizer's end of text `eot` (where
+    it has one)."""
+    if end_of_sequence is not None:
+        return frozenset(end_of_sequence)
+    return frozenset(() if eot is None else (eot,))
+
+
+class NewText:
+    """A row's new tokens as text, as they come: their bytes (`pieces`, by id; an id past them,
+    such as an imported vocabulary's that the tokenizer lacks, is no text) decoded as UTF-8,
+    invalid sequences replaced; the `hidden` ids' bytes left out (an end of turn)."""
+
+    def __init__(self, pieces: list[bytes], hidden: Collection[int] = frozenset()):
+        self.pieces = pieces
+        self.hidden = hidden
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""  # so far
+
+    def add(self, token: int) -> str:
+        """`token`'s text (empty while its bytes end no UTF-8 character)."""
+        hidden = token in self.hidden or token >= len(self.pieces)
+        piece = self.decoder.decode(b"" if hidden else self.pieces[token])
+        self.text += piece
+        return piece
+
+    def end(self) -> str:
+        """The text of a last incomplete UTF-8 sequence (replaced), once the tokens end."""
+        piece = self.decoder.decode(b"", final=True)
+        self.text += piece
+        return piece
+
+    def whole(self) -> str:
+        self.end()
+        return self.text
