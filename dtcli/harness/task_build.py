@@ -79,10 +79,13 @@ def fetch_refusal(named: str, tasks: tuple[str, ...], exc: Exception) -> UsageEr
     )
 
 
+def one_line(exc: Exception) -> str:
+    """An exception's message on one line, at most 200 characters; its type where it is empty."""
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
 def cause(exc: Exception) -> str:
-    """An exception's message on one line, at most 200 characters; its type where it is empty;
-    its type before it where the message alone would not say what failed."""
-    text = " ".join(str(exc).split())[:200]
-    if not text:
-        return type(exc).__name__
-    return text if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {text}"
+    """one_line's, with the type before it where the message alone would not say what failed."""
+    if not str(exc).split() or isinstance(exc, (OSError, ValueError)):
+        return one_line(exc)
+    return f"{type(exc).__name__}: {one_line(exc)}"

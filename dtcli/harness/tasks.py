@@ -18,7 +18,7 @@ from typing import Any
 from dtcli.errors import UsageError
 from dtcli.harness.local_data import resolve_beside_yaml
 from dtcli.harness.quiet import lm_eval_output
-from dtcli.harness.task_build import check_built, fetch_refusal
+from dtcli.harness.task_build import check_built, fetch_refusal, one_line
 
 # lm-eval's own CLI default (--seed 0,1234,1234,1234): Python's random, NumPy, torch, few-shot.
 DEFAULT_SEED = (0, 1234, 1234, 1234)
@@ -116,12 +116,9 @@ def check_tasks(options: TaskOptions, named: str = "--tasks", progress: bool = F
 
 
 def _known(tasks: tuple[str, ...], include: str | None, tasks_arg: str, include_arg: str) -> Any:
-    """The TaskManager that knows every name in `tasks` (task_manager's choice); one line for
+    """The TaskManager that knows every name in `tasks` (_manager_for's choice); one line for
     the first name none knows."""
-    missing = _missing(tasks, _manager(include, defaults=False)) if include else None
-    if missing == []:
-        return _manager(include, defaults=False)
-    manager = _manager(include, defaults=True)
+    manager = _manager_for(tasks, include)
     missing = _missing(tasks, manager)
     if not missing:
         return manager
@@ -178,7 +175,7 @@ def _parse_task_file(path: Path) -> None:
     try:
         load_yaml(path, resolve_func=False)
     except Exception as exc:  # yaml's errors and lm-eval's include errors alike
-        raise UsageError(f"the task file {str(path)!r} does not parse ({_first(exc)})") from None
+        raise UsageError(f"the task file {str(path)!r} does not parse ({one_line(exc)})") from None
 
 
 def _broken_yaml(include: str) -> list[tuple[Path, str]]:
@@ -190,22 +187,23 @@ def _broken_yaml(include: str) -> list[tuple[Path, str]]:
         try:
             load_yaml(path, resolve_func=False)  # an include base without `task:` is fine
         except Exception as exc:
-            broken.append((path, _first(exc)))
+            broken.append((path, one_line(exc)))
     return broken
 
 
-def _first(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
-    return text[:200] or type(exc).__name__
-
-
 def task_manager(options: TaskOptions) -> Any:
-    """lm-eval's TaskManager for `options.tasks`: the include path alone when it holds every
-    task (indexing lm-eval's 14,000 tasks takes seconds), else with lm-eval's own."""
-    include = options.include_path
+    """lm-eval's TaskManager for `options.tasks` (the one check_tasks chose and built them
+    with: the same include path, as a folder's path names it, so the same cached manager)."""
+    include = None if options.include_path is None else str(Path(options.include_path))
+    return _manager_for(options.tasks, include)
+
+
+def _manager_for(tasks: tuple[str, ...], include: str | None) -> Any:
+    """The include path's TaskManager alone when it holds every task (indexing lm-eval's
+    14,000 tasks takes seconds), else one with lm-eval's own too."""
     if include is not None:
         only = _manager(include, defaults=False)
-        if not _missing(options.tasks, only):
+        if not _missing(tasks, only):
             return only
     return _manager(include, defaults=True)
 
