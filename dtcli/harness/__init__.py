@@ -29,6 +29,8 @@ __all__ = [
     "parse_seed",
     "require_lm_eval",
     "run_tasks",
+    "section_options",
+    "check_section",
     "table",
 ]
 
@@ -48,3 +50,26 @@ def run_tasks(
 
     lm = SessionLM(session, options.batch_size, run_dir=run_dir)
     return evaluate(lm, options, model_name, progress=progress)
+
+
+SECTION = "train.eval_tasks"
+
+
+def section_options(cfg: Any) -> TaskOptions:
+    """A recipe's train.eval_tasks (recipe.EvalTasksConfig) as TaskOptions (lm-eval's own
+    seeds)."""
+    return TaskOptions(
+        tasks=tuple(cfg.tasks),
+        include_path=cfg.include_path,
+        limit=cfg.limit,
+        num_fewshot=cfg.num_fewshot,
+        batch_size=cfg.batch_size,
+    )
+
+
+def check_section(cfg: Any) -> None:
+    """A recipe's train.eval_tasks before TensorFlow starts (`train`, and `launch` once before
+    any client): lm_eval installed, every task known and built; one line naming the section's
+    keys otherwise. None: no tasks, nothing to check."""
+    if cfg is not None:
+        check_tasks(section_options(cfg), named=SECTION)

@@ -90,13 +90,9 @@ def plan(
 def _check_eval_tasks(recipe: recipe_lib.Recipe) -> None:
     """train.eval_tasks' names known to lm-eval: once here, before any client starts (each
     client checks them again, as `train` does)."""
-    cfg = recipe.train.eval_tasks
-    if cfg is None:
-        return
     from dtcli import harness
 
-    options = harness.TaskOptions(tasks=cfg.tasks, include_path=cfg.include_path)
-    harness.check_tasks(options, named="train.eval_tasks")
+    harness.check_section(recipe.train.eval_tasks)
 
 
 def _devices(

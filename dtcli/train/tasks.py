@@ -16,34 +16,16 @@ from typing import Any
 
 from dtcli.recipe import EvalTasksConfig, Recipe
 
-KEY = "train.eval_tasks"
 # The loop's records: the seconds the tasks took (beside the training's own `seconds`).
 SECONDS = "eval_tasks_seconds"
-
-
-def options(cfg: EvalTasksConfig) -> Any:
-    """The recipe's section as the harness's TaskOptions (lm-eval's own seeds)."""
-    from dtcli import harness
-
-    return harness.TaskOptions(
-        tasks=tuple(cfg.tasks),
-        include_path=cfg.include_path,
-        limit=cfg.limit,
-        num_fewshot=cfg.num_fewshot,
-        batch_size=cfg.batch_size,
-    )
 
 
 def check(recipe: Recipe) -> None:
     """lm_eval installed, every task name known to it (the include path's YAMLs parse) and
     every task built with its data: one line naming train.eval_tasks otherwise. No TensorFlow."""
-    cfg = recipe.train.eval_tasks
-    if cfg is None:
-        return
     from dtcli import harness
 
-    harness.require_lm_eval(KEY)
-    harness.check_tasks(options(cfg), named=KEY)
+    harness.check_section(recipe.train.eval_tasks)
 
 
 class TaskRunner:
@@ -52,7 +34,10 @@ class TaskRunner:
     tokenizer's chat template and end-of-sequence ids, as eval reads them)."""
 
     def __init__(self, session: Any, cfg: EvalTasksConfig, run_dir: Path) -> None:
-        self.session, self.options, self.run_dir = session, options(cfg), run_dir
+        from dtcli import harness
+
+        self.session, self.run_dir = session, run_dir
+        self.options = harness.section_options(cfg)
         self._lm: Any = None
 
     def __call__(self) -> dict[str, float]:
