@@ -13,7 +13,6 @@ run while another process writes it), or where --output-path says.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.harness.output import output_place, result_files
+from dtcli.harness.output import results_json as output_json
 from dtcli.recipe import NO_OVERRIDES, Overrides, Recipe
 from dtcli.rundir import checkpoint_recipe, find_checkpoint, read_checkpoint, tokenizer_file
 from dtcli.rundir.results import results_folder, run_of_checkpoint, write_files
@@ -272,13 +272,10 @@ def write_task_results(result: TasksResult, output_path: str | None) -> list[str
             "(give --output-path for one)"
         ]
     files = result_files(result.results, stem)
-    written = write_files(folder, files.files, arg)
+    written = write_files(folder, files, arg)
     return [*([note] if note else []), f"results: {written[0]}"]
 
 
 def results_json(result: TasksResult) -> str:
     """--json: lm-eval's results as the results file holds them (its samples apart), one line."""
-    from lm_eval.utils import handle_non_serializable
-
-    shown = {k: v for k, v in result.results.items() if k != "samples"}
-    return json.dumps(shown, default=handle_non_serializable, ensure_ascii=False)
+    return output_json(result.results)

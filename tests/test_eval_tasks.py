@@ -135,7 +135,7 @@ def test_result_files_are_named_and_written_as_lm_evals_cli_writes_them():
         "samples": {"t": [{"arguments": [("ctx", " a")], "resps": [[(-1.0, True)]],
                            "filtered_resps": [(-1.0, True)], "target": 0}]},
     }  # fmt: skip
-    files = output_lib.result_files(results, when="D").files
+    files = output_lib.result_files(results, when="D")
     assert list(files) == ["results_D.json", "samples_t_D.jsonl"]
     assert json.loads(files["results_D.json"]) == {"results": {"t": {"acc,none": 1.0}}}
     (sample,) = [json.loads(line) for line in files["samples_t_D.jsonl"].splitlines()]

@@ -6,22 +6,10 @@ and texts only: where they go and the writing are the caller's (the run director
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from dtcli import storage
-
-
-@dataclass(frozen=True)
-class ResultFiles:
-    """File name -> text, in the order they are written (results first)."""
-
-    files: dict[str, str]
-
-    @property
-    def results_name(self) -> str:
-        return next(iter(self.files))
 
 
 def date_id() -> str:
@@ -36,21 +24,29 @@ def model_folder(model_name: str) -> str:
     return sanitize_model_name(model_name)
 
 
-def result_files(results: dict[str, Any], stem: str = "results", when: str = "") -> ResultFiles:
-    """`results` (tasks.evaluate's, `samples` included with log_samples) as lm-eval's files.
-    `stem`: "results", or an --output-path file's stem (lm-eval then writes STEM_DATE.json)."""
+def results_json(results: dict[str, Any], indent: int | None = None) -> str:
+    """`results` (tasks.evaluate's) as JSON, its samples apart: the results file's text
+    (indent 2), or --json's one line."""
+    from lm_eval.utils import handle_non_serializable
+
+    shown = {k: v for k, v in results.items() if k != "samples"}
+    return json.dumps(shown, indent=indent, default=handle_non_serializable, ensure_ascii=False)
+
+
+def result_files(results: dict[str, Any], stem: str = "results", when: str = "") -> dict[str, str]:
+    """`results` (tasks.evaluate's, `samples` included with log_samples) as lm-eval's files:
+    file name -> text, the results first. `stem`: "results", or an --output-path file's stem
+    (lm-eval then writes STEM_DATE.json)."""
     from lm_eval.utils import handle_non_serializable
 
     when = when or date_id()
-    shown = {k: v for k, v in results.items() if k != "samples"}
-    text = json.dumps(shown, indent=2, default=handle_non_serializable, ensure_ascii=False)
-    files = {f"{stem}_{when}.json": text}
+    files = {f"{stem}_{when}.json": results_json(results, indent=2)}
     for task, samples in (results.get("samples") or {}).items():
         files[f"samples_{task}_{when}.jsonl"] = "".join(
             json.dumps(_sample(s), default=handle_non_serializable, ensure_ascii=False) + "\n"
             for s in samples
         )
-    return ResultFiles(files)
+    return files
 
 
 def _sample(sample: dict[str, Any]) -> dict[str, Any]:
