@@ -270,3 +270,40 @@ def test_which_trackers_a_recipe_gets():
 
     assert tracking.ended(KeyboardInterrupt()) == tracking.ended(Preempted("x")) == "KILLED"
     assert tracking.ended(TrainingError("x")) == "FAILED"
+
+
+def test_a_tracker_new_to_a_resumed_run_first_hears_its_history_to_the_checkpoint(tmp_path):
+    from dtcli import rundir, track
+
+    steps = [{"step": s, "loss": 1.0 / s} for s in range(1, 7)]
+    epochs = [{"epoch": e, "step": 3 * e, "eval_loss": 0.5 / e} for e in (1, 2)]
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in epochs))
+    history = track._history(rundir.RunDir(tmp_path), 3)
+    assert history == [
+        (1, {"step/loss": 1.0}),
+        (2, {"step/loss": 0.5}),
+        (3, {"step/loss": 1.0 / 3}),
+        (3, {"epoch": 1, "eval_loss": 0.5}),
+    ]
+
+
+def test_config_and_help_never_import_the_trackers(tmp_path):
+    """mlflow and wandb are imported by their sinks only: not by dtcli's modules, `--help`, nor
+    `dtcli config` of a recipe that names them."""
+    from conftest import ROOT, env
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"base": QUICK, "track": ["mlflow", "wandb"]}))
+    code = (
+        "import sys\n"
+        "import dtcli.cli.app, dtcli.track, dtcli.train.tracking\n"
+        "from dtcli.cli import run\n"
+        f"codes = [run(['--help']), run(['config', {str(recipe)!r}])]\n"
+        "print(codes, 'mlflow' in sys.modules, 'wandb' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env()
+    )
+    assert "mlflow:" in proc.stdout and "tracking_uri: sqlite:///" in proc.stdout, proc.stderr
+    assert proc.stdout.split()[-4:] == ["[0,", "0]", "False", "False"], proc.stdout[-300:]
