@@ -20,12 +20,10 @@ from conftest import QUICK, run_cli
 from dtcli import metrics as metrics_lib
 from dtcli import recipe as recipe_lib
 
-# Two epochs of 3 steps, every step in steps.jsonl, a checkpoint after each epoch.
+# Three epochs of 3 steps, a call a step, every step in steps.jsonl, a checkpoint each epoch.
 STEPS = [
-    "--epochs",
-    "2",
-    *("--set", "train.steps_per_epoch=3", "--set", "train.log_every=1"),
-    *("--set", "train.checkpoint_every=1"),
+    *("--epochs", "3", "--set", "train.steps_per_epoch=3", "--set", "train.steps_per_call=1"),
+    *("--set", "train.log_every=1", "--set", "train.checkpoint_every=1", "--no-progress"),
 ]
 
 
@@ -50,43 +48,56 @@ def offline(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory, offline, cpu8):
-    """The quickstart with `track: [mlflow, wandb]` (a relative sqlite:/// store), its save of
-    step 6 failing (a full disk) after step 6's records were written, then resumed with
-    another learning rate. The root logger holds a handler of the test's, at INFO."""
+    """The quickstart with `track: [mlflow, wandb]` (a relative sqlite:/// store) in three
+    processes' turns: stopped (as by Ctrl-C) after step 5, which it saves; resumed with another
+    learning rate, its save of step 9 failing (a full disk) after step 9's records were written;
+    resumed again to the end. The root logger holds a handler of the test's, at INFO."""
     from dtcli import checkpoint as ckpt_lib
+    from dtcli.train import loop as train_loop
+    from dtcli.train import run as train_run
+    from dtcli.train.signals import StopOnSignal
 
     tmp = tmp_path_factory.mktemp("tracked")
-    (tmp / "recipes").mkdir()
+    (tmp / "recipes" / "store").mkdir(parents=True)
     recipe = tmp / "recipes" / "r.yaml"
     track = [{"mlflow": {"tracking_uri": "sqlite:///store/m.db"}}, {"wandb": {"mode": "offline"}}]
     recipe.write_text(yaml.safe_dump({"base": QUICK, "track": track}))
-    (tmp / "recipes" / "store").mkdir()
     run = tmp / "run"
     root = logging.getLogger()
     mine = logging.StreamHandler()
     handlers, level = root.handlers[:], root.level
     root.addHandler(mine)
     root.setLevel(logging.INFO)
-    save = ckpt_lib.Checkpointer.save
+    trained: list[int] = []
+    count, save = train_loop.EpochLoop._count_step, ckpt_lib.Checkpointer.save
 
-    def full_disk_at_6(self, step, meta):
-        if step == 6:
+    class StopAfter5(StopOnSignal):
+        def __call__(self) -> bool:
+            return len(trained) >= 5
+
+    def counted(self):
+        trained.append(1)
+        count(self)
+
+    def full_disk_at_9(self, step, meta):
+        if step == 9:
             raise OSError(28, "No space left on device")
         return save(self, step, meta)
 
+    out, seen = {}, {}
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ckpt_lib.Checkpointer, "save", full_disk_at_6)
-            crashed = run_cli("train", recipe, *STEPS, "--out", run, "--no-progress", cwd=tmp)
-        first = {
-            "recipe": recipe_lib.load(run / "recipe.yaml"),
-            "metrics": (run / "metrics.jsonl").read_text(),
-            "status": _mlflow_status(run),
-        }
-        resumed = run_cli(
-            "train", "--resume", run, "--set", "optimizer.learning_rate=0.002", "--no-progress",
-            cwd=tmp,
-        )  # fmt: skip
+            mp.setattr(train_run, "StopOnSignal", StopAfter5)
+            mp.setattr(train_loop.EpochLoop, "_count_step", counted)
+            out["stopped"] = run_cli("train", recipe, *STEPS, "--out", run, cwd=tmp)
+        seen["stopped"] = _seen(run)
+        seen["first recipe"] = recipe_lib.load(run / "recipe.yaml")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ckpt_lib.Checkpointer, "save", full_disk_at_9)
+            lr = ("--set", "optimizer.learning_rate=0.002")
+            out["crashed"] = run_cli("train", "--resume", run, *lr, *STEPS, cwd=tmp)
+        seen["crashed"] = _seen(run)
+        out["resumed"] = run_cli("train", "--resume", run, *STEPS, cwd=tmp)
         kept = (root.handlers[:], root.level)
     finally:
         root.handlers[:] = handlers
@@ -94,11 +105,20 @@ def tracked(tmp_path_factory, offline, cpu8):
     return {
         "tmp": tmp,
         "run": run,
-        "crashed": crashed,
-        "resumed": resumed,
-        "first": first,
+        "out": out,
+        "seen": seen,
         "root": kept,
         "expected_root": ([*handlers, mine], logging.INFO),
+    }
+
+
+def _seen(run: Path) -> dict:
+    """What the run's files and its MLflow run held after one turn."""
+    client, run_id = _client(run), _ids(run)["mlflow"]["run_id"]
+    return {
+        "metrics": metrics_lib.read(run / "metrics.jsonl"),
+        "status": client.get_run(run_id).info.status,
+        "step/loss": sorted(m.step for m in client.get_metric_history(run_id, "step/loss")),
     }
 
 
@@ -113,10 +133,6 @@ def _client(run: Path):
     return MlflowClient(tracking_uri=recipe.track[0].mlflow.tracking_uri)
 
 
-def _mlflow_status(run: Path) -> str:
-    return _client(run).get_run(_ids(run)["mlflow"]["run_id"]).info.status
-
-
 def _expected(run: Path) -> dict[str, dict[int, float]]:
     """Every metric name the trackers get -> {step: value}, from metrics.jsonl and steps.jsonl."""
     out: dict[str, dict[int, float]] = {}
@@ -129,12 +145,18 @@ def _expected(run: Path) -> dict[str, dict[int, float]]:
     return out
 
 
-def test_the_crash_and_the_resume_as_the_fixture_means_them(tracked):
-    assert tracked["crashed"].code != 0, tracked["crashed"].err
-    assert tracked["resumed"].code == 0, tracked["resumed"].err
-    assert '"step": 6' in tracked["first"]["metrics"]  # step 6's record was written, not sent
-    assert tracked["first"]["status"] == "FAILED"
-    assert "warning" not in tracked["crashed"].err + tracked["resumed"].err
+def test_each_turn_ends_its_tracker_run_and_sends_what_its_checkpoints_cover(tracked):
+    out, seen = tracked["out"], tracked["seen"]
+    assert out["stopped"].code == 130, out["stopped"].err
+    assert out["crashed"].code != 0 and out["resumed"].code == 0, out["crashed"].err
+    # Stopped: its save of step 5 sent steps 1-5 (the interrupt's checkpoint counts too).
+    assert seen["stopped"]["status"] == "KILLED"
+    assert seen["stopped"]["step/loss"] == [1, 2, 3, 4, 5]
+    # Crashed: step 9's records written, never sent (no checkpoint covers them).
+    assert seen["crashed"]["status"] == "FAILED"
+    assert seen["crashed"]["metrics"][-1]["step"] == 9
+    assert seen["crashed"]["step/loss"] == [1, 2, 3, 4, 5, 6]
+    assert "warning" not in "".join(o.err for o in out.values())
 
 
 def test_mlflow_holds_every_metric_of_the_json_lines_once_across_a_resume(tracked):
@@ -142,7 +164,7 @@ def test_mlflow_holds_every_metric_of_the_json_lines_once_across_a_resume(tracke
     client, run_id = _client(run), _ids(run)["mlflow"]["run_id"]
     expected = _expected(run)
     assert {"eval_loss", "train_loss", "epoch", "step/loss"} <= set(expected)
-    assert len(expected["step/loss"]) == 6
+    assert len(expected["step/loss"]) == 9
     found = client.get_run(run_id)
     assert set(found.data.metrics) == set(expected)
     for name, values in expected.items():
@@ -158,7 +180,7 @@ def test_mlflow_params_are_the_first_recipe_and_the_resume_a_tag(tracked):
 
     run = tracked["run"]
     found = _client(run).get_run(_ids(run)["mlflow"]["run_id"])
-    first = metrics_lib.hparams_of(recipe_lib.to_mapping(tracked["first"]["recipe"]))
+    first = metrics_lib.hparams_of(recipe_lib.to_mapping(tracked["seen"]["first recipe"]))
     assert found.data.params == {metric_name(k): str(v) for k, v in first.items()}
     assert found.data.params["optimizer.learning_rate"] == "0.003"
     tags = found.data.tags
@@ -190,13 +212,12 @@ def test_mlflow_artifacts_and_where_its_files_are(tracked):
 def test_train_log_and_the_root_logger_survive_mlflow(tracked):
     assert tracked["root"] == tracked["expected_root"]
     log = (tracked["run"] / "train.log").read_text()
-    for line in (
-        tracked["crashed"].err_lines + tracked["resumed"].err_lines
-    ):  # every line the two processes printed, MLflow's store set up in both
+    # Every line the three processes printed, MLflow's store set up in each.
+    for line in (line for o in tracked["out"].values() for line in o.err_lines):
         if not line.startswith("error:"):
             assert line in log, line
-    assert "epoch 2/2" in log and "done: 2 epochs" in log
-    assert "mlflow" not in tracked["crashed"].err + tracked["resumed"].err  # no INFO lines
+    assert "epoch 3/3" in log and "done: 3 epochs" in log
+    assert "mlflow" not in "".join(o.err for o in tracked["out"].values())  # no INFO lines
 
 
 def _wandb_records(run: Path) -> list[dict]:
@@ -219,7 +240,7 @@ def _wandb_records(run: Path) -> list[dict]:
 def test_wandb_offline_history_and_config_read_back(tracked):
     run = tracked["run"]
     files = _wandb_records(run)
-    assert len(files) == 2  # the crashed attempt's and the resume's, one W&B run id
+    assert len(files) == 3  # a file per turn, one W&B run id
     found: dict[str, dict[int, float]] = {}
     for records in files:
         for record in (r for r in records if r["type"] == "history"):
@@ -232,7 +253,7 @@ def test_wandb_offline_history_and_config_read_back(tracked):
     ids = {r["run"]["run_id"] for records in files for r in records if r["type"] == "run"}
     assert ids == {_ids(run)["wandb"]["run_id"]}
     (config,) = [r["run"]["config"]["update"] for r in files[0] if r["type"] == "run"]
-    first = metrics_lib.hparams_of(recipe_lib.to_mapping(tracked["first"]["recipe"]))
+    first = metrics_lib.hparams_of(recipe_lib.to_mapping(tracked["seen"]["first recipe"]))
     assert {k: v for k, v in config.items() if k != "_wandb"} == first
 
 

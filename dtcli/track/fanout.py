@@ -16,12 +16,14 @@ from typing import Any
 
 from dtcli import storage
 from dtcli.metrics import MetricsWriter
-from dtcli.track.base import FINISHED, Background, Batch, RunInfo, Sink
+from dtcli.track.base import FINISHED, KILLED, Background, Batch, RunInfo, Sink
 
 # steps.jsonl's keys reach the trackers as step/KEY (step/loss, step/grad_norm...).
 STEP_PREFIX = "step/"
-# How long closing waits for the remote trackers' threads, all together (seconds).
+# How long closing waits for the remote trackers' threads, all together (seconds); after a
+# Ctrl-C or SIGTERM less (a scheduler's grace period is short: the checkpoint comes first).
 CLOSE_WAIT = 30.0
+STOP_WAIT = 5.0
 
 
 def epoch_values(record: dict[str, Any]) -> dict[str, float]:
@@ -95,7 +97,8 @@ class TrackedWriter:
         summary: dict[str, Any] | None = None,
     ) -> None:
         """End every tracker's run with `status` (FINISHED, FAILED, KILLED) after the run's
-        `files` and `summary` as artifacts; the remote ones within CLOSE_WAIT seconds."""
+        `files` and `summary` as artifacts; the remote ones within CLOSE_WAIT seconds (KILLED:
+        STOP_WAIT)."""
         if self.closed:
             return
         self.closed = True
@@ -105,7 +108,7 @@ class TrackedWriter:
         for worker in self.remote:
             worker.submit("artifacts", list(files or []), dict(summary or {}))
             worker.submit("finish", status)
-        deadline = time.monotonic() + CLOSE_WAIT
+        deadline = time.monotonic() + (STOP_WAIT if status == KILLED else CLOSE_WAIT)
         for worker in self.remote:
             worker.close(max(0.0, deadline - time.monotonic()))
 
