@@ -159,7 +159,7 @@ def _mlflow_paths(options: dict[str, Any], folder: Path) -> dict[str, Any]:
     elif where is None and isinstance(uri, str) and uri.startswith(SQLITE):
         db = uri[len(SQLITE) :]
         if db and db != ":memory:":
-            out["artifact_location"] = str(Path(db).parent / MLFLOW_ARTIFACTS)
+            out["artifact_location"] = os.path.join(os.path.dirname(db), MLFLOW_ARTIFACTS)
     return out
 
 
