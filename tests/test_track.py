@@ -37,6 +37,7 @@ def offline(tmp_path_factory):
         "WANDB_DIR": str(home / "wandb"),
         "WANDB_CONFIG_DIR": str(home / "wandb-config"),
         "WANDB_CACHE_DIR": str(home / "wandb-cache"),
+        "WANDB_DATA_DIR": str(home / "wandb-data"),
     }
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():

@@ -100,6 +100,8 @@ class Background:
                 if method == "start":
                     self.started(self.sink, result)
             except BaseException as exc:  # noqa: BLE001 - any failure of a sink drops it alone
+                if self.failed:  # given up on by close() meanwhile, which said so
+                    return
                 self.failed = True
                 self.warn(
                     f"warning: track: {self.sink.name} failed ({one_line(exc, named=True)}); "

@@ -63,12 +63,21 @@ class WandbSink:
             self.run.log(dict(values), step=step)
 
     def artifacts(self, files: list[Path], summary: dict[str, Any]) -> None:
+        import wandb
+
         if summary:
             self.run.summary.update(summary)
+        if not files:
+            return
+        # One artifact of the run's files, each added where it lies: no copy staged in the
+        # user's home, no line printed (run.save and add_dir print one).
+        artifact = wandb.Artifact(f"{self.run.id}-files", type="dtcli-run")
         for path in files:
             found = sorted(path.rglob("*")) if path.is_dir() else [path]
             for file in (f for f in found if f.is_file()):
-                self.run.save(str(file), base_path=str(self.run_dir), policy="now")
+                name = str(file.relative_to(path.parent))
+                artifact.add_file(str(file), name=name, policy="immutable", skip_cache=True)
+        self.run.log_artifact(artifact)
 
     def finish(self, status: str) -> None:
         if status == KILLED:
