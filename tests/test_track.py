@@ -256,6 +256,11 @@ def test_wandb_offline_history_and_config_read_back(tracked):
     (config,) = [r["run"]["config"]["update"] for r in files[0] if r["type"] == "run"]
     first = metrics_lib.hparams_of(recipe_lib.to_mapping(tracked["seen"]["first recipe"]))
     assert {k: v for k, v in config.items() if k != "_wandb"} == first
+    # The files, as one artifact of the last turn, referenced where they lie.
+    (artifact,) = [r["artifact"] for r in files[-1] if r["type"] == "artifact"]
+    kept = {f["path"]: f["local_path"] for f in artifact["manifest"]["contents"]}
+    plots = {f"plots/{p.name}": str(p.resolve()) for p in (run / "plots").iterdir()}
+    assert kept == {"recipe.yaml": str((run / "recipe.yaml").resolve()), **plots}
 
 
 def test_an_unreachable_tracking_server_is_one_warning_and_training_completes(

@@ -4,6 +4,7 @@ terminal (dtcli owns it). wandb (an optional extra) is imported inside the funct
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ class WandbSink:
             found = sorted(path.rglob("*")) if path.is_dir() else [path]
             for file in (f for f in found if f.is_file()):
                 name = str(file.relative_to(path.parent))
-                artifact.add_file(str(file), name=name, policy="immutable", skip_cache=True)
+                where = os.path.abspath(file)  # `wandb sync` may run from another folder
+                artifact.add_file(where, name=name, policy="immutable", skip_cache=True)
         self.run.log_artifact(artifact)
 
     def finish(self, status: str) -> None:
