@@ -133,8 +133,9 @@ def _coerce_optional(tp: Any, value: Any, path: str) -> Any:
             return _coerce(inner[0], value, path)
         except _NotFinite:
             raise
-        except UsageError as exc:
-            if f"{path}[" in str(exc):  # about an item's own key (track[1].mlflow.x): as said
+        except UsageError:
+            items = typing.get_args(inner[0])
+            if items and dataclasses.is_dataclass(items[0]):  # track: names the item's own key
                 raise
             raise _fail(path, tp, value) from None
     # `str | Section | None` (data.tokenizer): a mapping is the section, anything else a str.
