@@ -54,6 +54,7 @@ def tracked(tmp_path_factory, offline, cpu8):
     learning rate, its save of step 9 failing (a full disk) after step 9's records were written;
     resumed again to the end. The root logger holds a handler of the test's, at INFO."""
     from dtcli import checkpoint as ckpt_lib
+    from dtcli.track import mlflow as mlflow_sink
     from dtcli.train import loop as train_loop
     from dtcli.train import run as train_run
     from dtcli.train.signals import StopOnSignal
@@ -86,14 +87,19 @@ def tracked(tmp_path_factory, offline, cpu8):
         return save(self, step, meta)
 
     out, seen = {}, {}
+    # As a sweep starts its trials: a parent run, its id in the environment of the first turn
+    # (which creates the MLflow run) and another in a resume's (which must not re-parent it).
+    seen["parent"] = mlflow_sink.start_parent(recipe_lib.load(recipe).track[0].mlflow, "sweep")
     try:
         with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(mlflow_sink.PARENT_ENV, seen["parent"])
             mp.setattr(train_run, "StopOnSignal", StopAfter5)
             mp.setattr(train_loop.EpochLoop, "_count_step", counted)
             out["stopped"] = run_cli("train", recipe, *STEPS, "--out", run, cwd=tmp)
         seen["stopped"] = _seen(run)
         seen["first recipe"] = recipe_lib.load(run / "recipe.yaml")
         with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(mlflow_sink.PARENT_ENV, "another-sweeps-run")
             mp.setattr(ckpt_lib.Checkpointer, "save", full_disk_at_9)
             lr = ("--set", "optimizer.learning_rate=0.002")
             out["crashed"] = run_cli("train", "--resume", run, *lr, *STEPS, cwd=tmp)
@@ -172,8 +178,11 @@ def test_mlflow_holds_every_metric_of_the_json_lines_once_across_a_resume(tracke
         history = client.get_metric_history(run_id, name)
         assert sorted((m.step, m.value) for m in history) == sorted(values.items()), name
     assert found.info.status == "FINISHED"
-    # One MLflow run for the crashed attempt and its resume.
-    assert len(client.search_runs([found.info.experiment_id])) == 1
+    # One MLflow run for the three turns (and the sweep's parent run beside it).
+    runs = client.search_runs([found.info.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted(
+        [found.info.run_id, tracked["seen"]["parent"]]
+    )
 
 
 def test_mlflow_params_are_the_first_recipe_and_the_resume_a_tag(tracked):
@@ -191,6 +200,21 @@ def test_mlflow_params_are_the_first_recipe_and_the_resume_a_tag(tracked):
 
     assert tags["dtcli.version"] == dtcli.__version__
     assert tags["dtcli.run_dir"] == str(run.resolve())
+
+
+def test_a_sweeps_trial_is_nested_under_its_parent_run(tracked):
+    from dtcli.track import mlflow as mlflow_sink
+
+    run, parent = tracked["run"], tracked["seen"]["parent"]
+    client = _client(run)
+    cfg = recipe_lib.load(run / "recipe.yaml").track[0].mlflow
+    found = client.get_run(_ids(run)["mlflow"]["run_id"])
+    assert found.data.tags[mlflow_sink.PARENT_TAG] == parent  # the creating turn's, kept
+    assert client.get_run(parent).info.status == "RUNNING"
+    assert mlflow_sink.start_parent(cfg, "sweep", parent) == parent  # reopened, not another
+    mlflow_sink.end_parent(cfg, parent, "FINISHED")
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert client.get_run(parent).info.experiment_id == found.info.experiment_id
 
 
 def test_mlflow_artifacts_and_where_its_files_are(tracked):
