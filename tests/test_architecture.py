@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "published",
         "infer",
         "harness",
+        "track",
     },
     {
         "train",

@@ -575,7 +575,7 @@ ALLOWED = (
 NOT_RUN_DIR = ("dtcli/recipe/from_hf.py",)
 RUN_DIR_MODULES = (
     "rundir", "checkpoint", "metrics", "runlog", "train", "evaluate", "plot", "generate",
-    "score", "launch", "recipe",
+    "score", "launch", "recipe", "track",
 )  # fmt: skip
 
 

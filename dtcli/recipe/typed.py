@@ -19,6 +19,7 @@ import yaml
 
 from dtcli.errors import UsageError
 from dtcli.recipe.configs import Recipe
+from dtcli.recipe.trackers import TRACKERS
 
 
 def _describe(tp: Any) -> str:
@@ -133,6 +134,9 @@ def _coerce_optional(tp: Any, value: Any, path: str) -> Any:
         except _NotFinite:
             raise
         except UsageError:
+            items = typing.get_args(inner[0])
+            if items and dataclasses.is_dataclass(items[0]):  # track: names the item's own key
+                raise
             raise _fail(path, tp, value) from None
     # `str | Section | None` (data.tokenizer): a mapping is the section, anything else a str.
     section = next((a for a in inner if dataclasses.is_dataclass(a)), None)
@@ -285,6 +289,10 @@ def schema() -> dict[str, Any]:
         "description": "Another recipe file this one extends (relative to this file); "
         "mappings merge key by key, other values are replaced.",
     }
+    # `track`'s items: a tracker's name alone, or {NAME: {options}} with one key.
+    items = out["properties"]["track"]["anyOf"][0]["items"]
+    items["maxProperties"] = 1
+    out["properties"]["track"]["anyOf"][0]["items"] = {"anyOf": [{"enum": list(TRACKERS)}, items]}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "dtcli recipe",
