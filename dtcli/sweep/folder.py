@@ -59,8 +59,9 @@ def check_out(out: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if {k: recorded.get(k) for k in ident} != ident:
         raise UsageError(
-            f"--out {str(out)!r}: holds a sweep of other trials ({SWEEP}: another recipe, --set "
-            "or trials); leave --out out for a folder of this command's own, or name a new one"
+            f"--out {str(out)!r}: holds another sweep (its {SWEEP} names another recipe, --set or "
+            "trials); to start a new sweep name a new --out, or leave --out out (the default "
+            "folder is this command's own)"
         )
     return recorded
 

@@ -65,7 +65,8 @@ def make(ask: SweepAsk) -> SweepPlan:
     """Every check a sweep makes before it starts anything; refusals as UsageError."""
     trials = _trials(ask)
     ranking.check_rank(ask.rank)
-    mode = ranking.default_mode(ask.metric, ask.mode)
+    if ask.jobs < 1:
+        raise UsageError(f"--jobs {ask.jobs}: expected at least 1 (trials at once)")
     swept = {key for t in trials for key, _ in t.texts}
     for assignment in ask.sets:
         key = assignment.partition("=")[0].strip()
@@ -77,6 +78,7 @@ def make(ask: SweepAsk) -> SweepPlan:
     recipes = [_trial_recipe(path, list(ask.sets), t) for t in trials]
     for recipe in recipes:
         ranking.check_metric(ask.metric, recipe)
+    mode = ranking.default_mode(ask.metric, ask.mode)
     ident = folder_lib.identity(path, list(ask.sets), trials)
     if ask.out is not None and not ask.out.strip():
         raise UsageError(f"--out {ask.out!r}: expected a folder")
