@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
         "infer",
         "harness",
         "children",
+        "track",
     },
     {
         "train",

@@ -26,7 +26,7 @@ import yaml
 
 from dtcli import storage
 from dtcli.mesh import UNSHARDED
-from dtcli.recipe import from_hf
+from dtcli.recipe import from_hf, trackers
 from dtcli.recipe.batches import COMMANDS, check_batches, check_micro_batch
 from dtcli.recipe.checks import check, check_mesh_on_devices
 from dtcli.recipe.configs import (
@@ -49,6 +49,7 @@ from dtcli.recipe.configs import (
 from dtcli.recipe.data_checks import bpe_size, tfds_installed
 from dtcli.recipe.files import load_yaml, read_raw
 from dtcli.recipe.overrides import NO_OVERRIDES, Overrides, apply_set, parse_mesh_arg
+from dtcli.recipe.trackers import TRACKERS, MlflowConfig, TrackerConfig, WandbConfig
 from dtcli.recipe.typed import build, plain, schema
 
 __all__ = [
@@ -62,15 +63,19 @@ __all__ = [
     "EvalTasksConfig",
     "LayoutConfig",
     "LoraConfig",
+    "MlflowConfig",
     "ModelConfig",
     "OptimizerConfig",
     "NO_OVERRIDES",
     "Overrides",
     "Recipe",
     "RopeScalingConfig",
+    "TRACKERS",
+    "TrackerConfig",
     "TrainConfig",
     "TrainTokenizerConfig",
     "TransformerConfig",
+    "WandbConfig",
     "apply_set",
     "bpe_size",
     "check_batches",
@@ -126,15 +131,20 @@ def read_with_overrides(
     one written in the file is. Whatever makes recipes of its own from a recipe file (`plan
     --auto`'s candidates) starts here, so that each loads as `train` loads the file."""
     raw = from_hf.resolve(overrides.apply(read_raw(path)))
+    folder = storage.as_path(path).resolve().parent
     model = raw.get("model")
     if isinstance(model, dict) and model.get("build"):
-        model.setdefault("build_path", str(storage.as_path(path).resolve().parent))
+        model.setdefault("build_path", str(folder))
+    if raw.get("track") is not None:
+        raw["track"] = trackers.with_paths(raw["track"], folder)
     return from_run(raw) if from_run else raw
 
 
 def from_mapping(raw: dict | None, *, command: str = "train") -> Recipe:
     """Validate a raw mapping into a Recipe for `command` (raises UsageError naming the key at
     fault)."""
+    if isinstance(raw, dict) and raw.get("track") is not None:
+        raw = {**raw, "track": trackers.normalized(raw["track"])}
     return check(_resolve(build(Recipe, raw, "")), command)
 
 
@@ -163,7 +173,8 @@ def _resolve(recipe: Recipe) -> Recipe:
         # resume (or another client) started elsewhere finds the same folder.
         where = os.path.abspath(os.path.expanduser(tasks.include_path))
         t = dataclasses.replace(t, eval_tasks=dataclasses.replace(tasks, include_path=where))
-    return dataclasses.replace(recipe, data=d, train=t)
+    track = trackers.resolved(recipe.track, recipe.name)
+    return dataclasses.replace(recipe, data=d, train=t, track=track)
 
 
 def replace(recipe: Recipe, *, command: str = "train", **changes: Any) -> Recipe:
@@ -172,8 +183,12 @@ def replace(recipe: Recipe, *, command: str = "train", **changes: Any) -> Recipe
 
 
 def to_mapping(recipe: Recipe) -> dict:
-    """The recipe as plain YAML-ready data (tuples become lists)."""
-    return plain(dataclasses.asdict(recipe))
+    """The recipe as plain YAML-ready data (tuples become lists; `track`'s items as written:
+    {NAME: {options}})."""
+    mapping = plain(dataclasses.asdict(recipe))
+    if recipe.track is not None:
+        mapping["track"] = trackers.as_raw(recipe.track)
+    return mapping
 
 
 # Keys only a classifier reads: a language model's recipe.yaml leaves them out while they hold

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dtcli.recipe.trackers import TrackerConfig
+
 # Sources read through tf.data, never held whole in memory.
 STREAMED_SOURCES = ("tfds", "tfrecord", "images", "tokens", "jsonl")
 # The sources of language-model tokens (task language_model), each with a data.tokenizer.
@@ -354,3 +356,6 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     # LoRA adapters on a frozen base (null: every weight trains).
     lora: LoraConfig | None = None
+    # Experiment trackers beside metrics.jsonl and steps.jsonl (null: tensorboard alone; []:
+    # none): tensorboard, mlflow, wandb, or {mlflow: {...}} / {wandb: {...}} with options.
+    track: tuple[TrackerConfig, ...] | None = None

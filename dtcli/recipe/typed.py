@@ -19,6 +19,7 @@ import yaml
 
 from dtcli.errors import UsageError
 from dtcli.recipe.configs import Recipe
+from dtcli.recipe.trackers import TRACKERS
 
 
 def _describe(tp: Any) -> str:
@@ -132,7 +133,9 @@ def _coerce_optional(tp: Any, value: Any, path: str) -> Any:
             return _coerce(inner[0], value, path)
         except _NotFinite:
             raise
-        except UsageError:
+        except UsageError as exc:
+            if f"{path}[" in str(exc):  # about an item's own key (track[1].mlflow.x): as said
+                raise
             raise _fail(path, tp, value) from None
     # `str | Section | None` (data.tokenizer): a mapping is the section, anything else a str.
     section = next((a for a in inner if dataclasses.is_dataclass(a)), None)
@@ -285,6 +288,10 @@ def schema() -> dict[str, Any]:
         "description": "Another recipe file this one extends (relative to this file); "
         "mappings merge key by key, other values are replaced.",
     }
+    # `track`'s items: a tracker's name alone, or {NAME: {options}} with one key.
+    items = out["properties"]["track"]["anyOf"][0]["items"]
+    items["maxProperties"] = 1
+    out["properties"]["track"]["anyOf"][0]["items"] = {"anyOf": [{"enum": list(TRACKERS)}, items]}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "dtcli recipe",

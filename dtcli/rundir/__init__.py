@@ -42,10 +42,13 @@ from dtcli.rundir.files import (
     PLOTS,
     RECIPE,
     RESUMES,
+    RUN_FILES,
     STEPS,
     TENSORBOARD,
     TOKENIZER,
+    TRACKER_IDS,
     TRAIN_LOG,
+    WANDB,
     Warn,
     check_plots,
     os_reason,
@@ -85,7 +88,9 @@ __all__ = [
     "STEPS",
     "TENSORBOARD",
     "TOKENIZER",
+    "TRACKER_IDS",
     "TRAIN_LOG",
+    "WANDB",
     "Lock",
     "RunDir",
     "Warn",
@@ -156,6 +161,10 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         return self.path / TENSORBOARD
+
+    @property
+    def tracker_ids(self) -> Path:
+        return self.path / TRACKER_IDS
 
     @property
     def checkpoints(self) -> Path:
@@ -272,21 +281,6 @@ def create(path: Path, arg: str = "--out", warn: Warn = stderr) -> RunDir:
     return run
 
 
-# What a run writes before its first checkpoint (no run directory holds anything else of ours).
-_RUN_FILES = (
-    LOCK,
-    TRAIN_LOG,
-    RECIPE,
-    METRICS,
-    STEPS,
-    RESUMES,
-    TENSORBOARD,
-    CHECKPOINTS,
-    PLOTS,
-    TOKENIZER,
-)
-
-
 def _not_empty(arg: str, path: Path) -> UsageError:
     return UsageError(
         f"{arg} {str(path)!r}: the folder exists and is not empty "
@@ -300,7 +294,7 @@ def _holds_more_than_a_start(path: Path) -> bool:
     checkpoint. Such a run could never be resumed (a run that fails on its own is removed), so
     `--out` takes it anew, as a requeued job needs."""
     entries = list(path.iterdir())
-    if any(p.name not in _RUN_FILES for p in entries):
+    if any(p.name not in RUN_FILES for p in entries):
         return True
     return bool(complete_checkpoints(path))
 

@@ -19,6 +19,10 @@ STEPS = "steps.jsonl"
 RESUMES = "resumes.jsonl"
 TRAIN_LOG = "train.log"
 TENSORBOARD = "tensorboard"
+# The experiment trackers' run ids (`track`), so that a resume continues the same tracker runs.
+TRACKER_IDS = "trackers.json"
+# W&B's own files of the run (wandb.init(dir=RUN_DIR) makes RUN_DIR/wandb).
+WANDB = "wandb"
 CHECKPOINTS = "checkpoints"
 PLOTS = "plots"
 LOCK = ".dtcli.lock"
@@ -26,6 +30,22 @@ LOCK = ".dtcli.lock"
 LM_EVAL = "lm_eval"
 # A language model's tokenizer, as `tokenizers` writes it (bytes too: see data.tokenizer).
 TOKENIZER = "tokenizer.json"
+
+# What a run writes before its first checkpoint (no run directory holds anything else of ours).
+RUN_FILES = (
+    LOCK,
+    TRAIN_LOG,
+    RECIPE,
+    METRICS,
+    STEPS,
+    RESUMES,
+    TENSORBOARD,
+    TRACKER_IDS,
+    WANDB,
+    CHECKPOINTS,
+    PLOTS,
+    TOKENIZER,
+)
 
 Warn = Callable[[str], None]
 
