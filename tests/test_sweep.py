@@ -152,10 +152,13 @@ def test_sigterm_mid_sweep_then_the_same_command_finishes_and_ranks(tmp_path):
     ]
 
 
-def test_a_failing_trial_among_done_ones(tmp_path):
-    out = tmp_path / "sweep"
+def test_a_failing_trial_among_done_ones_nested_under_the_sweeps_mlflow_run(tmp_path):
+    from mlflow import MlflowClient
+
+    out, store = tmp_path / "sweep", f"sqlite:///{tmp_path}/mlflow.db"
     more = ["--grid", "optimizer.learning_rate=3e-3,1e30", "--set", "train.epochs=1"]
     more += ["--set", "train.steps_per_epoch=2", "--no-progress"]
+    more += ["--set", f"track=[{{mlflow: {{tracking_uri: '{store}', experiment: sw}}}}]"]
     done = subprocess.run(
         sweep_argv(out, *more), cwd=tmp_path, env=env(), capture_output=True, text=True
     )
@@ -167,6 +170,15 @@ def test_a_failing_trial_among_done_ones(tmp_path):
     assert [t["status"] for t in summary["trials"]] == ["done", "failed"]
     assert (
         summary["trials"][0]["value"]
-        == _records(out / summary["trials"][0]["run_dir"])[-1]["eval_loss"]
+        == _records(Path(summary["trials"][0]["run_dir"]))[-1]["eval_loss"]
     )
     assert summary["trials"][1]["value"] is None
+
+    client = MlflowClient(tracking_uri=store)
+    parent_id = json.loads((out / "sweep.json").read_text())["mlflow_parent_run_id"]
+    parent = client.get_run(parent_id)
+    assert (parent.info.run_name, parent.info.status) == ("sweep", "FAILED")
+    experiment = client.get_experiment_by_name("sw").experiment_id
+    nested = [r for r in client.search_runs([experiment]) if r.info.run_id != parent_id]
+    assert nested, "trial 0 created no MLflow run"
+    assert {r.data.tags.get("mlflow.parentRunId") for r in nested} == {parent_id}

@@ -19,7 +19,7 @@ from typing import Any
 
 from dtcli import tables
 from dtcli.errors import Interrupted, TrainingError
-from dtcli.sweep import figures, ranking
+from dtcli.sweep import figures, parent, ranking
 from dtcli.sweep import folder as folder_lib
 from dtcli.sweep.plan import SweepAsk, SweepPlan, make
 from dtcli.sweep.runner import DONE, FAILED, REFUSED, Job, Runner, train_argv
@@ -72,7 +72,17 @@ def run(plan: SweepPlan, progress: bool = True, console: Any = None) -> Path:
         t.index: folder_lib.trial_state(plan.trial_dir(t), r)
         for t, r in zip(plan.trials, plan.recipes)
     }
-    folder_lib.write_sweep(plan.out, plan.ident, {})
+
+    def say(line: str) -> None:
+        console.print(line, markup=False)
+
+    parent_id = None
+    if plan.mlflow is not None:
+        recorded = (plan.recorded or {}).get(parent.PARENT_KEY)
+        parent_id = parent.start(plan.mlflow, plan.out.name, recorded, say)
+    folder_lib.write_sweep(
+        plan.out, plan.ident, {parent.PARENT_KEY: parent_id} if parent_id else {}
+    )
     statuses = {i: DONE if state == "done" else PENDING for i, state in states.items()}
     jobs = [
         Job(t, train_argv(plan.recipe, plan.sets, t, plan.trial_dir(t), resume), resume)
@@ -93,10 +103,11 @@ def run(plan: SweepPlan, progress: bool = True, console: Any = None) -> Path:
             last_errors[trial.index] = last_error
         folder_lib.write_summary(plan.out, summary(plan, statuses))
 
-    runner = Runner(
-        jobs, plan.slots, ended, lambda line: console.print(line, markup=False), relay=progress
-    )
-    runner.run()
+    runner = Runner(jobs, plan.slots, ended, say, relay=progress, env=parent.env(parent_id))
+    try:
+        runner.run()
+    finally:
+        parent.end(plan.mlflow, parent_id, _parent_status(statuses, runner.stopped_by), say)
     result = summary(plan, statuses)
     folder_lib.write_summary(plan.out, result)
     show(console, plan, result)
@@ -105,6 +116,13 @@ def run(plan: SweepPlan, progress: bool = True, console: Any = None) -> Path:
     )
     _raise_outcome(plan, statuses, last_errors, runner.stopped_by)
     return plan.out
+
+
+def _parent_status(statuses: dict[int, str], stopped_by: int | None) -> str:
+    """The parent MLflow run's end, as MLflow says it."""
+    if stopped_by is not None or PENDING in statuses.values():
+        return "KILLED"
+    return "FINISHED" if all(s == DONE for s in statuses.values()) else "FAILED"
 
 
 def summary(plan: SweepPlan, statuses: dict[int, str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from dtcli import rundir
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
 from dtcli.sweep import folder as folder_lib
-from dtcli.sweep import ranking
+from dtcli.sweep import parent, ranking
 from dtcli.sweep import trials as trials_lib
 from dtcli.sweep.slots import Slot, slots
 from dtcli.sweep.trials import Trial
@@ -50,6 +50,7 @@ class SweepPlan:
     slots: list[Slot]
     overrides: list[dict[str, Any]]  # each trial's swept keys as its recipe holds them
     log_keys: set[str]  # keys drawn on a log scale
+    mlflow: Any  # the trials' mlflow tracker's options (a parent run nests them), or None
     ident: dict[str, Any]  # sweep.json's identity of the sweep
     recorded: dict[str, Any] | None  # its sweep.json, on a re-run
 
@@ -100,6 +101,7 @@ def make(ask: SweepAsk) -> SweepPlan:
         log_keys=trials_lib.log_keys(list(ask.distributions)) if ask.random else set(),
         ident=ident,
         recorded=recorded,
+        mlflow=parent.mlflow_config(recipes[0]),
     )
 
 

@@ -72,6 +72,7 @@ class Runner:
     ended: Callable[[Trial, str, str], None]
     say: Callable[[str], None]
     relay: bool = True  # print the trials' own lines (else only their error lines)
+    env: dict[str, str] = field(default_factory=dict)  # every trial's, beside its slot's
     stopped_by: int | None = None  # the signal that stopped the sweep
     _lines: queue.Queue = field(default_factory=queue.Queue)
     _running: dict[int, _Running] = field(default_factory=dict)
@@ -111,7 +112,7 @@ class Runner:
                 os.kill(running.proc.pid, sig)
 
     def _start(self, job: Job, slot: Slot) -> None:
-        env = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **slot.env, "PYTHONUNBUFFERED": "1"}
 
         def in_child() -> None:
             if sys.platform == "linux":
