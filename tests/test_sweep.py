@@ -15,7 +15,7 @@ import pytest
 from conftest import QUICK, env
 
 from dtcli.errors import UsageError
-from dtcli.sweep import ranking, trials
+from dtcli.sweep import ranking, slots, trials
 
 # Short trials: epochs of 2 steps, a checkpoint after each, all kept; eight of them, so that a
 # trial stopped at its first checkpoint has more to resume.
@@ -72,6 +72,22 @@ def test_mode_by_the_metric_name_and_the_trial_value():
     assert ranking.value(records, "eval_loss", "min", "best") == 1.0
     assert ranking.value(records, "eval_loss", "max", "best") == 2.0
     assert ranking.value([], "eval_loss", "min", "last") is None
+
+
+def test_jobs_split_the_cores_and_a_trial_keeps_to_its_share():
+    cpu_slots = slots._cpu_slots(2, [0, 1, 2])
+    assert [sorted(s.cores) for s in cpu_slots] == [[0, 1], [2]]
+    with pytest.raises(UsageError, match="at most one trial per core"):
+        slots._cpu_slots(4, [0, 1, 2])
+    mine = slots.usable_cores()
+    share = slots._cpu_slots(len(mine), mine)[-1]
+    seen = subprocess.run(
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        preexec_fn=share.enter,
+        capture_output=True,
+        text=True,
+    )
+    assert seen.stdout.strip() == str(sorted(share.cores))
 
 
 def test_dry_run_lists_the_same_folders_without_tensorflow(tmp_path):

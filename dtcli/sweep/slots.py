@@ -22,7 +22,7 @@ class Slot:
 
     def enter(self) -> None:
         """In the trial's process, before it execs: keep to this slot's cores."""
-        if self.cores is not None:
+        if self.cores is not None and hasattr(os, "sched_setaffinity"):  # Linux
             os.sched_setaffinity(0, self.cores)
 
 
