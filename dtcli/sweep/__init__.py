@@ -92,9 +92,7 @@ def run(plan: SweepPlan, progress: bool = True, console: Any = None) -> Path:
     ]
     for trial in plan.trials:
         if states[trial.index] == "done":
-            console.print(
-                f"sweep: trial {trial.index} ({trial.shown()}): done already", markup=False
-            )
+            say(f"sweep: trial {trial.index} ({trial.shown()}): done already")
     last_errors: dict[int, str] = {}
 
     def ended(trial: Any, status: str, last_error: str) -> None:
