@@ -56,6 +56,8 @@ def test_random_draws_are_the_seeds_and_exact():
         assert t.values["n"] in (1, 2, 3) and t.values["act"] in ("relu", "gelu")
     with pytest.raises(UsageError, match="needs --seed"):
         trials.random(2, dists, seed=None)
+    with pytest.raises(UsageError, match=r"int\(a,b\) needs two integers with a < b"):
+        trials.random(2, ["n=int(1.5,3)"], seed=0)
     with pytest.raises(UsageError, match="loguniform needs 0 < a < b"):
         trials.random(2, ["lr=loguniform(0,1)"], seed=0)
 

@@ -150,12 +150,19 @@ def distribution(arg: str) -> Distribution:
     return Distribution(key, kind, args)
 
 
-def _bounds(arg: str, kind: str, args: tuple[str, ...]) -> tuple[float, float]:
-    number = int if kind == "int" else float
+def _bound(text: str, kind: str) -> float | None:
+    """A bound's number (YAML reads 1e-4 as text: float() takes it), or None."""
     try:
-        low, high = (number(load_yaml(a)) for a in args) if len(args) == 2 else (None, None)
+        value = load_yaml(text)
+        if kind == "int":
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return None if isinstance(value, bool) else float(value)
     except (TypeError, ValueError, yaml.YAMLError):
-        low = high = None
+        return None
+
+
+def _bounds(arg: str, kind: str, args: tuple[str, ...]) -> tuple[float, float]:
+    low, high = (_bound(a, kind) for a in args) if len(args) == 2 else (None, None)
     if low is None or high is None or not low < high:
         what = "integers" if kind == "int" else "numbers"
         raise UsageError(f"--random {arg!r}: {kind}(a,b) needs two {what} with a < b")
