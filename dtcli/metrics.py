@@ -1,8 +1,8 @@
-"""Metrics: one JSON object per epoch in metrics.jsonl, per-step losses in steps.jsonl, and
-TensorBoard scalars beside them. Where those files live is dtcli.rundir's business.
+"""Metrics: one JSON object per epoch in metrics.jsonl, per-step losses in steps.jsonl, the
+names TensorBoard groups them under, the recipe as hyperparameters. Where those files live is
+dtcli.rundir's business; the trackers (TensorBoard's events among them) are dtcli.track's.
 
-Reading never imports TensorFlow (plotting uses it); writing TensorBoard events does, lazily, on
-the first record, so a run that fails before it trains a step leaves no event file.
+Neither reading nor writing imports TensorFlow (plotting and the Profiler do).
 """
 
 from __future__ import annotations
@@ -53,21 +53,12 @@ def hparams_of(recipe: dict[str, Any]) -> dict[str, bool | int | float | str]:
 
 
 class MetricsWriter:
-    """Appends epoch records and per-step losses, and the same scalars to TensorBoard (with the
-    recipe as its hyperparameters)."""
+    """Appends epoch records to metrics.jsonl and per-step losses to steps.jsonl (the trackers,
+    TensorBoard among them, are dtcli.track's)."""
 
-    def __init__(
-        self,
-        metrics: Path,
-        steps: Path,
-        tensorboard: Path | None = None,
-        hparams: dict[str, Any] | None = None,
-    ):
+    def __init__(self, metrics: Path, steps: Path):
         self.metrics = storage.as_path(metrics)
         self.steps = storage.as_path(steps)
-        self.tensorboard = tensorboard
-        self.hparams = hparams
-        self._tb = None
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         try:
@@ -80,46 +71,13 @@ class MetricsWriter:
 
     def epoch(self, record: dict[str, Any]) -> None:
         self._append(self.metrics, record)
-        self.scalars(
-            record["step"],
-            {
-                tensorboard_tag(k): v
-                for k, v in record.items()
-                if k not in ("epoch", "step") and isinstance(v, (int, float))
-            },
-        )
 
     def step_loss(self, step: int, loss: float, **more: float) -> None:
         """One step's loss, and what else the step reports (grad_norm, learning_rate)."""
         self._append(self.steps, {"step": step, "loss": loss, **more})
-        values = {"loss": loss, **more}
-        self.scalars(step, {tensorboard_tag(k, per_step=True): v for k, v in values.items()})
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        if self.tensorboard is None:
-            return
-        import tensorflow as tf
-
-        with tf.device("/CPU:0"):
-            if self._tb is None:
-                self._tb = tf.summary.create_file_writer(str(self.tensorboard))
-                if self.hparams:
-                    from tensorboard.plugins.hparams import api as hp
-
-                    with self._tb.as_default():
-                        hp.hparams(self.hparams)
-            with self._tb.as_default():
-                for name, value in values.items():
-                    tf.summary.scalar(name, value, step=step)
 
     def close(self) -> None:
-        if self._tb is not None:
-            try:
-                self._tb.flush()
-                self._tb.close()
-            except Exception:  # noqa: BLE001 - event files are a convenience; metrics.jsonl counts
-                pass
-            self._tb = None
+        pass  # each line is appended whole
 
 
 class Profiler:

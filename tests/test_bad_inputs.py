@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,11 @@ class Case:
     setup: Callable[[Path], None] | None = None  # prepares the case's folder
     damage: Callable[[Path], None] | None = None  # changes the copied run
     code: int = 2
+    missing: tuple[str, ...] = ()  # packages whose import fails, as where they are not installed
 
 
-def c(*args: str, expect: str, setup=None, damage=None, code: int = 2) -> Case:
-    return Case(tuple(args), expect, setup, damage, code)
+def c(*args: str, expect: str, setup=None, damage=None, code: int = 2, missing=()) -> Case:
+    return Case(tuple(args), expect, setup, damage, code, tuple(missing))
 
 
 # --------------------------------------------------------------------------- setups
@@ -634,6 +636,32 @@ CASES: dict[str, Case] = {
         "data.name=tiny_shakespeare", "data.path={tmp}", expect="recipe key 'data.name'"
     ),
     "text TFDS name unknown": lm("data.name=tiny_shakespear", expect="did you mean"),
+    # ---- track (experiment trackers)
+    "track unknown tracker": t(
+        "track=[tensorboard, mlfow]",
+        expect="recipe key 'track[1]': expected a tracker, one of tensorboard, mlflow, wandb",
+    ),
+    "track mlflow unknown key": t(
+        "track=[{mlflow: {tracking_url: x}}]", expect="'track[0].mlflow.tracking_url'"
+    ),
+    "track wandb unknown key": t(
+        "track=[{wandb: {projekt: x}}]", expect="'track[0].wandb.projekt'"
+    ),
+    "track wandb bad mode": t(
+        "track=[{wandb: {mode: disabled}}]",
+        expect="recipe key 'track[0].wandb.mode': expected one of 'offline', 'online'",
+    ),
+    "track listed twice": t("track=[mlflow, mlflow]", expect="track[1]': mlflow is listed twice"),
+    "track mlflow not installed": t(
+        "track=[mlflow]",
+        expect="recipe key 'track[0]': mlflow is not installed; pip install 'dtensor-cli[mlflow]'",
+        missing=("mlflow",),
+    ),
+    "track wandb not installed": t(
+        "track=[tensorboard, {wandb: {mode: offline}}]",
+        expect="recipe key 'track[1]': wandb is not installed; pip install 'dtensor-cli[wandb]'",
+        missing=("wandb",),
+    ),
     # ---- train.eval_tasks (lm-eval tasks at each evaluation)
     "train eval_tasks on a classifier": t(
         "train.eval_tasks={tasks: [tiny_mc]}",
@@ -2209,6 +2237,8 @@ def test_bad_input(name, tmp_path, trained_run, cli, cpu8, monkeypatch):
         monkeypatch.setenv(key, str(tmp_path / value))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for package in case.missing:
+        monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError
     tmp = tmp_path / "case"
     tmp.mkdir()
     run = tmp / "run"

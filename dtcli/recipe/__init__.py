@@ -49,7 +49,13 @@ from dtcli.recipe.configs import (
 from dtcli.recipe.data_checks import bpe_size, tfds_installed
 from dtcli.recipe.files import load_yaml, read_raw
 from dtcli.recipe.overrides import NO_OVERRIDES, Overrides, apply_set, parse_mesh_arg
-from dtcli.recipe.trackers import TRACKERS, MlflowConfig, TrackerConfig, WandbConfig
+from dtcli.recipe.trackers import (
+    TRACKERS,
+    MlflowConfig,
+    TensorboardConfig,
+    TrackerConfig,
+    WandbConfig,
+)
 from dtcli.recipe.typed import build, plain, schema
 
 __all__ = [
@@ -71,6 +77,7 @@ __all__ = [
     "Recipe",
     "RopeScalingConfig",
     "TRACKERS",
+    "TensorboardConfig",
     "TrackerConfig",
     "TrainConfig",
     "TrainTokenizerConfig",

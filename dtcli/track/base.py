@@ -42,6 +42,8 @@ class Sink(Protocol):
     """An experiment tracker. Every method may raise: the caller drops the sink, once."""
 
     name: str
+    # A remote tracker's store (and experiment or project): a kept run id is its own only there.
+    where: str
 
     def start(self, run: RunInfo) -> str | None:
         """Open the tracker run (run.run_id: reopen that one); the id to keep for a resume."""
@@ -49,7 +51,9 @@ class Sink(Protocol):
 
     def log(self, batch: Batch) -> None: ...
 
-    def artifacts(self, files: list[Path]) -> None: ...
+    def artifacts(self, files: list[Path], summary: dict[str, Any]) -> None:
+        """Files of the run (recipe.yaml, the plots) and its final numbers."""
+        ...
 
     def finish(self, status: str) -> None: ...
 
@@ -62,7 +66,7 @@ class Background:
         self,
         sink: Sink,
         warn: Callable[[str], None],
-        started: Callable[[str, str | None], None],
+        started: Callable[[Sink, str | None], None],
     ):
         self.sink, self.warn, self.started = sink, warn, started
         self.failed = False
@@ -94,7 +98,7 @@ class Background:
             try:
                 result = getattr(self.sink, method)(*args)
                 if method == "start":
-                    self.started(self.sink.name, result)
+                    self.started(self.sink, result)
             except BaseException as exc:  # noqa: BLE001 - any failure of a sink drops it alone
                 self.failed = True
                 self.warn(

@@ -31,6 +31,8 @@ HTTP_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES
 METRICS_PER_CALL = 1000
 PARAMS_PER_CALL = 100
 PARAM_LENGTH = 6000
+# The run's final numbers (its last evaluation), as an artifact.
+SUMMARY = "summary.json"
 
 
 def start_parent(cfg: MlflowConfig, name: str, run_id: str | None = None) -> str:
@@ -64,6 +66,7 @@ class MlflowSink:
 
     def __init__(self, cfg: MlflowConfig):
         self.cfg = cfg
+        self.where = f"{cfg.tracking_uri} {cfg.experiment}"
         self.client: Any = None
         self.run_id: str | None = None
 
@@ -99,7 +102,9 @@ class MlflowSink:
         for i in range(0, len(metrics), METRICS_PER_CALL):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + METRICS_PER_CALL])
 
-    def artifacts(self, files: list[Path]) -> None:
+    def artifacts(self, files: list[Path], summary: dict[str, Any]) -> None:
+        if summary:
+            self.client.log_dict(self.run_id, summary, SUMMARY)
         for path in files:
             if path.is_dir():
                 self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)

@@ -29,13 +29,17 @@ from dtcli.train.console import epoch_line, resume_command
 
 
 class Writer(Protocol):
-    """Where the loop's numbers go (dtcli.metrics.MetricsWriter, or NoWriter)."""
+    """Where the loop's numbers go (dtcli.track.TrackedWriter, or NoWriter)."""
 
     def epoch(self, record: dict[str, Any]) -> None: ...
 
     def step_loss(self, step: int, loss: float, **more: float) -> None: ...
 
-    def close(self) -> None: ...
+    def committed(self, step: int) -> None:
+        """The checkpoint of `step` is complete (the remote trackers hear up to it)."""
+        ...
+
+    def close(self, status: str, files: list[Path], summary: dict[str, Any]) -> None: ...
 
 
 class Checkpointer(Protocol):
@@ -66,7 +70,10 @@ class NoWriter:
     def step_loss(self, step: int, loss: float, **more: float) -> None:
         pass
 
-    def close(self) -> None:
+    def committed(self, step: int) -> None:
+        pass
+
+    def close(self, status: str, files: list[Path], summary: dict[str, Any]) -> None:
         pass
 
 
@@ -155,6 +162,7 @@ class EpochLoop:
         if last_epoch or (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0):
             self._doing(f"saving the checkpoint of step {step}")
             self.checkpointer.save(step, checkpoint_meta(self.session, step, state))
+            self.writer.committed(step)
         return state
 
     def _doing(self, what: str) -> None:
@@ -222,6 +230,7 @@ class EpochLoop:
             latest = self.checkpointer.save(step, checkpoint_meta(self.session, step, state))
         else:
             latest = self.checkpointer.folder / f"ckpt-{step:08d}"
+        self.writer.committed(step)
         raise Interrupted(latest, run_dir, preempted=preempted, again=again)
 
 

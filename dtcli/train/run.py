@@ -16,16 +16,17 @@ from dtcli import memory as memory_lib
 from dtcli import mesh as mesh_lib
 from dtcli import progress as progress_lib
 from dtcli import recipe as recipe_lib
-from dtcli import rundir, runlog, storage, tfruntime
+from dtcli import rundir, runlog, storage, tfruntime, track
 from dtcli.errors import TrainingError, UsageError, printed
 from dtcli.recipe import Recipe
 from dtcli.session import Session, finetune, prepare
 from dtcli.steps import make_steps
 from dtcli.stretches import finished
 from dtcli.train import tasks as eval_tasks
+from dtcli.train import tracking
 from dtcli.train.clients import join, peer_failures
 from dtcli.train.console import header, nothing_to_train, profile_report, summary
-from dtcli.train.loop import EpochLoop, NoWriter, Writer
+from dtcli.train.loop import EpochLoop
 from dtcli.train.resume import history_until, restore
 from dtcli.train.signals import (
     DEFAULT_GRACE,
@@ -151,6 +152,7 @@ def _open_and_train(run: Run) -> RunResult:
     role, clients = ("process", 1) if cluster is None else ("client", cluster.num_clients)
     memory_lib.check_before_run(recipe, run.memory, role, clients, run.devices_key)
     eval_tasks.check(recipe)  # lm-eval's task index: before the folder and TensorFlow
+    track.check_installed(recipe)
     path = storage.as_path(run.resume or run.out or rundir.default_path(recipe.name))
     # Where the run's output is no terminal: a line at least every BEAT_EVERY seconds, from
     # TensorFlow's start to the plots (the first compile alone took ~90 s for gpt_fsdp_tp).
@@ -269,32 +271,32 @@ def _train(run: Run) -> RunResult:
     train_step, eval_step = make_steps(session)
     checkpointer = _checkpointer(run, session)
     history, start, on_first_step = restore(run, session, checkpointer)
-    writer = _writer(run)
     header(run.console, session, run.folder.path)
     stopper, profiler = _stopper(run), _profiler(run)
-    loop = EpochLoop(
-        session,
-        train_step,
-        eval_step,
-        writer,
-        checkpointer,
-        run.console,
-        run.progress,
-        stopper,
-        on_first_step,
-        profiler,
-        run.beat,
-        tasks=_task_runner(run, session),
-    )
     before = len(history)
-    try:
-        with stopper, peer_failures(run.cluster, checkpointer):
-            history = loop.run(history, start)
-    finally:
-        writer.close()
-        if profiler is not None and profiler.running:
-            profiler.finish(int(session.optimizer.iterations.numpy()))
-    _sum_up(run, session, profiler, history, before)
+    with tracking.writing(run, session) as writer:
+        loop = EpochLoop(
+            session,
+            train_step,
+            eval_step,
+            writer,
+            checkpointer,
+            run.console,
+            run.progress,
+            stopper,
+            on_first_step,
+            profiler,
+            run.beat,
+            tasks=_task_runner(run, session),
+        )
+        try:
+            with stopper, peer_failures(run.cluster, checkpointer):
+                history = loop.run(history, start)
+        finally:
+            if profiler is not None and profiler.running:
+                profiler.finish(int(session.optimizer.iterations.numpy()))
+        _sum_up(run, session, profiler, history, before)
+        tracking.finish(writer, run.folder, history)  # after the plots: they are artifacts
     return RunResult(run.folder.path, history)
 
 
@@ -362,19 +364,6 @@ def _checkpointer(run: Run, session: Session) -> Any:
         chief=run.chief,
         barrier=(lambda: mesh_lib.barrier(session.mesh)) if cluster else None,
         tag=cluster.leader.get("tag") if cluster else None,
-    )
-
-
-def _writer(run: Run) -> Writer:
-    from dtcli import metrics as metrics_lib
-
-    if not run.chief:
-        return NoWriter()
-    return metrics_lib.MetricsWriter(
-        run.folder.metrics,
-        run.folder.steps,
-        run.folder.tensorboard,
-        hparams=metrics_lib.hparams_of(recipe_lib.to_mapping(run.recipe)),
     )
 
 

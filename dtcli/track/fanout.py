@@ -1,0 +1,141 @@
+"""The one writer the training loop writes to: metrics.jsonl and steps.jsonl lines (as
+metrics.MetricsWriter always wrote them), then every tracker of the recipe's `track`.
+
+TensorBoard hears each record as it comes. A remote tracker (MLflow, W&B) hears a stretch of
+records only once the checkpoint covering it is committed (`committed`), in one batch on its own
+thread: after a crash and a resume it holds each step once, as metrics.jsonl does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from dtcli import storage
+from dtcli.metrics import MetricsWriter
+from dtcli.track.base import FINISHED, Background, Batch, RunInfo, Sink
+
+# steps.jsonl's keys reach the trackers as step/KEY (step/loss, step/grad_norm...).
+STEP_PREFIX = "step/"
+# How long closing waits for the remote trackers' threads, all together (seconds).
+CLOSE_WAIT = 30.0
+
+
+def epoch_values(record: dict[str, Any]) -> dict[str, float]:
+    """A metrics.jsonl record's numbers as the trackers name them: each key but `step`."""
+    return {
+        k: v
+        for k, v in record.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def step_values(record: dict[str, Any]) -> dict[str, float]:
+    """A steps.jsonl record's numbers as the trackers name them: step/KEY."""
+    return {STEP_PREFIX + k: v for k, v in epoch_values(record).items()}
+
+
+class TrackedWriter:
+    """metrics.jsonl and steps.jsonl, then the trackers (`live`: told at once; `remote`: at
+    each committed checkpoint, on their threads). `ids`: where the remote trackers' run ids are
+    kept (RUN_DIR/trackers.json), each written before its tracker hears a record."""
+
+    def __init__(
+        self,
+        files: MetricsWriter,
+        live: list[Sink],
+        remote: list[Sink],
+        ids: Path,
+        warn: Any,
+    ):
+        self.files, self.live, self.ids, self.warn = files, live, ids, warn
+        self.remote = [Background(s, warn, self._keep_id) for s in remote]
+        self.pending: Batch = []
+        self._ids_lock = threading.Lock()
+        self.closed = False
+
+    def start(self, run: RunInfo, kept: dict[str, dict[str, Any]], history: Batch) -> None:
+        """Open each tracker's run: the one `kept` names for it (a resume), else a new one,
+        which first hears `history` (a resume's records up to its checkpoint)."""
+        for sink in self.live:
+            sink.start(run)
+        for worker in self.remote:
+            found = kept.get(worker.sink.name, {})
+            # The same store (and experiment or project) only: another one has no such run.
+            run_id = found.get("run_id") if found.get("where") == worker.sink.where else None
+            worker.submit("start", _with_id(run, run_id))
+            if run_id is None and history:
+                worker.submit("log", history)
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        self.files.epoch(record)
+        self._record(record["step"], epoch_values(record))
+
+    def step_loss(self, step: int, loss: float, **more: float) -> None:
+        """One step's loss, and what else the step reports (grad_norm, learning_rate)."""
+        self.files.step_loss(step, loss, **more)
+        self._record(step, step_values({"loss": loss, **more}))
+
+    def committed(self, step: int) -> None:
+        """The checkpoint of `step` is complete: the records up to it go to the remote
+        trackers, one batch each."""
+        batch = [r for r in self.pending if r[0] <= step]
+        self.pending = [r for r in self.pending if r[0] > step]
+        if batch:
+            for worker in self.remote:
+                worker.submit("log", batch)
+
+    def close(
+        self,
+        status: str = FINISHED,
+        files: list[Path] | None = None,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        """End every tracker's run with `status` (FINISHED, FAILED, KILLED) after the run's
+        `files` and `summary` as artifacts; the remote ones within CLOSE_WAIT seconds."""
+        if self.closed:
+            return
+        self.closed = True
+        self.files.close()
+        for sink in self.live:
+            sink.finish(status)
+        for worker in self.remote:
+            worker.submit("artifacts", list(files or []), dict(summary or {}))
+            worker.submit("finish", status)
+        deadline = time.monotonic() + CLOSE_WAIT
+        for worker in self.remote:
+            worker.close(max(0.0, deadline - time.monotonic()))
+
+    def _record(self, step: int, values: dict[str, float]) -> None:
+        for sink in self.live:
+            sink.log([(step, values)])
+        if self.remote:
+            self.pending.append((step, values))
+
+    def _keep_id(self, sink: Sink, run_id: str | None) -> None:
+        """Called on a tracker's thread once its run is open, before it hears a record."""
+        if run_id is None:
+            return
+        with self._ids_lock:
+            kept = read_ids(self.ids)
+            kept[sink.name] = {"run_id": run_id, "where": sink.where}
+            storage.write_atomic(self.ids, json.dumps(kept, indent=1) + "\n")
+
+
+def read_ids(path: Path) -> dict[str, dict[str, Any]]:
+    """trackers.json: {tracker: {"run_id": ID, "where": its store}} (missing or unreadable:
+    none)."""
+    try:
+        kept = json.loads(storage.as_path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _with_id(run: RunInfo, run_id: str | None) -> RunInfo:
+    from dataclasses import replace
+
+    return replace(run, run_id=run_id, changes=run.changes if run_id else {})
