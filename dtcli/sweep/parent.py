@@ -5,11 +5,10 @@ fails is one warning: the trials run on, unnested."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from dtcli.errors import UsageError, one_line
+from dtcli.errors import one_line
 from dtcli.recipe import Recipe
 
 # sweep.json's key for the parent run's id.
@@ -17,16 +16,8 @@ PARENT_KEY = "mlflow_parent_run_id"
 
 
 def mlflow_config(recipe: Recipe) -> Any:
-    """The recipe's mlflow tracker's options, or None; refused where mlflow is not installed."""
-    for i, tracker in enumerate(recipe.track or ()):
-        if tracker.mlflow is not None:
-            if importlib.util.find_spec("mlflow") is None:
-                raise UsageError(
-                    f"recipe key 'track[{i}]': mlflow is not installed; "
-                    "pip install 'dtensor-cli[mlflow]'"
-                )
-            return tracker.mlflow
-    return None
+    """The recipe's mlflow tracker's options, or None."""
+    return next((t.mlflow for t in recipe.track or () if t.mlflow is not None), None)
 
 
 def start(cfg: Any, name: str, recorded: str | None, warn: Callable[[str], None]) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli import recipe as recipe_lib
-from dtcli import rundir
+from dtcli import rundir, track
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
 from dtcli.sweep import folder as folder_lib
@@ -79,6 +79,7 @@ def make(ask: SweepAsk) -> SweepPlan:
     recipes = [_trial_recipe(path, list(ask.sets), t) for t in trials]
     for recipe in recipes:
         ranking.check_metric(ask.metric, recipe)
+        track.check_installed(recipe)  # as train checks it, but before any trial starts
     mode = ranking.default_mode(ask.metric, ask.mode)
     ident = folder_lib.identity(path, list(ask.sets), trials)
     if ask.out is not None and not ask.out.strip():
