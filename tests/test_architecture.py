@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "published",
         "infer",
         "harness",
+        "children",
         "track",
     },
     {
@@ -40,6 +41,7 @@ LAYERS: list[set[str]] = [
         "doctor",
         "launch",
         "import_hf",
+        "sweep",
     },
     {"cli", "terminal", "__main__"},
 ]

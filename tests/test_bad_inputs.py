@@ -2179,6 +2179,50 @@ CASES: dict[str, Case] = {
         damage=lambda run: (run / rundir.LOCK).mkdir(),
         expect="its .dtcli.lock is a folder, expected dtcli's lock file",
     ),
+    # ---- sweep: every refusal before any trial starts (nothing written)
+    "sweep grid value fails the recipe's checks": c(
+        *("sweep", "{q}", "--grid", "optimizer.learning_rate=1e-3,-1"),
+        expect="trial 1 (optimizer.learning_rate=-1): recipe key 'optimizer.learning_rate': "
+        "expected a positive number",
+    ),
+    "sweep random without seed": c(
+        *("sweep", "{q}", "--random", "2", "optimizer.learning_rate=uniform(1e-4,1e-2)"),
+        expect="--random: needs --seed S",
+    ),
+    "sweep bad distribution": c(
+        *("sweep", "{q}", "--random", "2", "optimizer.learning_rate=normal(0,1)", "--seed", "0"),
+        expect="--random 'optimizer.learning_rate=normal(0,1)': expected KEY=DIST",
+    ),
+    "sweep unknown metric": c(
+        *("sweep", "{q}", "--grid", "optimizer.learning_rate=1e-3", "--metric", "eval_los"),
+        expect="--metric 'eval_los': not a metric this recipe's runs write (did you mean eval_loss?)",
+    ),
+    "sweep grid without =": c(
+        *("sweep", "{q}", "--grid", "optimizer.learning_rate"),
+        expect="--grid 'optimizer.learning_rate': expected KEY=V1,V2,...",
+    ),
+    "sweep grid and random": c(
+        *("sweep", "{q}", "--grid", "seed=1,2", "--random", "2", "train.epochs=int(1,3)"),
+        expect="--grid and --random: give one of them",
+    ),
+    "sweep jobs zero": c(
+        *("sweep", "{q}", "--grid", "seed=1,2", "--jobs", "0"),
+        expect="--jobs 0: expected at least 1",
+    ),
+    "sweep jobs over the cores": c(
+        *("sweep", "{q}", "--grid", "seed=1,2", "--jobs", "100000"),
+        expect="at most one trial per core",
+    ),
+    "sweep other trials on the same out": c(
+        *("sweep", "{q}", "--grid", "seed=1,2", "--out", "{tmp}/s"),
+        setup=lambda tmp: (
+            (tmp / "s").mkdir()
+            or (tmp / "s" / "sweep.json").write_text(
+                json.dumps({"recipe": QUICK, "sets": [], "trials": []})
+            )
+        ),
+        expect="--out '{tmp}/s': holds another sweep",
+    ),
     # ---- the top level
     "unknown command": c("fit", "{q}", expect="No such command"),
     "misspelt command": c("trian", "{q}", expect="No such command"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 from dtcli import terminal
-from dtcli.cli import checkpoint, doctor, plot, prepare_text, recipe, train
+from dtcli.cli import checkpoint, doctor, plot, prepare_text, recipe, sweep, train
 
 app = typer.Typer(
     cls=terminal.Group,
@@ -79,6 +79,7 @@ def _options(
 
 app.command()(train.train)
 app.command()(train.launch)
+app.command()(sweep.sweep)
 app.command("eval")(checkpoint.eval_)
 app.command()(checkpoint.generate)
 app.command()(checkpoint.score)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dtcli import children, rundir
 from dtcli import cluster as cluster_lib
 from dtcli import progress as progress_lib
-from dtcli import rundir
 from dtcli.errors import PREEMPTED_EXIT, Interrupted, TrainingError
 from dtcli.launch.planning import LaunchPlan, quiet
 
@@ -58,15 +58,6 @@ def _env(p: LaunchPlan, client: int, progress: bool) -> dict[str, str]:
         k = p.gpus_per_client
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(client * k, client * k + k))
     return env
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL when the launcher dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def run(
@@ -136,11 +127,13 @@ def _start_clients(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: stopped as a whole
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=children.die_with_parent if sys.platform == "linux" else None,
         )
         procs.append(proc)
         for stream in (proc.stdout, proc.stderr):
-            threading.Thread(target=_pump, args=(client, stream, lines), daemon=True).start()
+            threading.Thread(
+                target=children.pump, args=(client, stream, lines), daemon=True
+            ).start()
 
 
 def _raise_outcome(
@@ -158,20 +151,13 @@ def _raise_outcome(
         )
     if failed is not None:
         client, code, last = failed
-        how = _describe_exit(code)
+        how = children.describe_exit(code)
         if code == 2 and last:  # bad input: the client said which, in one line
             raise ClientFailed(f"client {client}: {last.removeprefix('error: ')}", exit_code=2)
         raise ClientFailed(
             f"client {client} failed ({how}){': ' + last if last else ''}; stopped the other "
             f"clients; {_resume_hint(p)}"
         )
-
-
-def _pump(client: int, stream: Any, lines: queue.Queue) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.put((client, raw.decode(errors="replace").rstrip("\r\n")))
-    stream.close()
-    lines.put((client, None))  # this stream is done
 
 
 def _supervise(
@@ -296,15 +282,6 @@ def _reap(procs: list[subprocess.Popen]) -> None:
         # Anything the client started shares its group; make sure none of it lingers.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _resume_hint(p: LaunchPlan) -> str:
