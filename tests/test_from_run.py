@@ -19,6 +19,9 @@ from conftest import RECIPES, checkpoint_tensors, run_cli, write_corpus
 from dtcli import rundir
 from dtcli.recipe import Overrides, read_raw
 
+# Checked: step-0 weights equal to the checkpoint's, and recipes; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 GPT = RECIPES / "tiny_gpt.yaml"
 TINY = {"layers": 1, "d_model": 32, "heads": 4, "mlp_ratio": 2, "context": 16}
 TP_RULES = read_raw(RECIPES / "tiny_gpt_tensor_parallel.yaml")["layouts"]["rules"]
