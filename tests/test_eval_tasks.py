@@ -22,6 +22,9 @@ from dtcli import harness, rundir
 from dtcli.harness import output as output_lib
 from dtcli.rundir.files import LM_EVAL
 
+# Checked: lm-eval's tables, files, names, seeds and options on a checkpoint; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 TASKS = ROOT / "tests" / "data" / "lm_tasks"
 
 

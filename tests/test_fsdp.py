@@ -18,6 +18,10 @@ from dtcli.errors import UsageError
 from dtcli.layout import WeightInfo, WeightPlan, apply_fsdp, check_fsdp_layers
 from dtcli.recipe import read_raw
 
+# Checked: FSDP, bf16 and rematerialized runs equal to the 1-device numbers, bytes on the
+# devices, and traced graphs (Grappler rewrites only what runs); Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 U = "unsharded"
 # A GPT that holds every kind of weight, shrunk, as tests/test_language_model.py trains it.
 TINY = test_language_model.TINY

@@ -21,6 +21,9 @@ from dtcli.data import tokenizer as T
 from dtcli.generate import chat as generate_chat
 from dtcli.recipe import load as load_recipe
 
+# Checked: answers, tokens and texts equal to generation by hand on the same run; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 WORDS = ["thee", "abc", "romeo"]
 TOKENS = 24

@@ -21,6 +21,10 @@ from dtcli.data import chat, instructions, jsonl
 from dtcli.data import tokenizer as T
 from dtcli.errors import UsageError
 
+# Checked: templates, masks, and losses equal to numpy's
+# cross-entropy or to other batchings of the same examples, within 1e-5; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Speak, speak."},

@@ -16,6 +16,9 @@ from dtcli import memory, recipe
 from dtcli.errors import UsageError
 from dtcli.models import transformer
 
+# Checked: bytes of the shards a run allocates, and messages; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 GPT_TP = str(RECIPES / "tiny_gpt_tensor_parallel.yaml")
 SMALL_GPT = {"layers": 2, "d_model": 32, "heads": 4, "mlp_ratio": 4, "context": 16}
 # Every weight sharded on the data axis by plain rules (DTENSOR_NOTES.md, "FSDP by layouts").

@@ -19,6 +19,9 @@ from conftest import RECIPES
 from dtcli import recipe
 from dtcli.models import transformer
 
+# Checked: a packed window equal to its examples alone (1e-5); Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 VOCAB, TABLE, CONTEXT = 100, 128, 16
 VARIANTS = {
     "learned-gelu-layernorm": dict(positions="learned", max_positions=24, bias=True),

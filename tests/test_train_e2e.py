@@ -20,6 +20,10 @@ from conftest import RECIPES, ROOT, dtcli, env, run_cli, use_cpu8
 from dtcli import checkpoint as ckpt_lib
 from dtcli import metrics, rundir
 
+# Checked: files, messages, exit codes, and runs equal to the runs they continue or
+# evaluate, within 1e-4 or 1e-5; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 QUICK = str(RECIPES / "quickstart.yaml")
 FIELDS = {
     "epoch",

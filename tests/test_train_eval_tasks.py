@@ -18,6 +18,10 @@ from dtcli import metrics as metrics_lib
 from dtcli import recipe as recipe_lib
 from dtcli import rundir
 
+# Checked: metrics equal to the same checkpoint's tasks run here,
+# names in TensorBoard and plots; Grappler's rewrites off (conftest.without_grappler).
+pytestmark = pytest.mark.usefixtures("without_grappler")
+
 GPT = RECIPES / "tiny_gpt.yaml"
 TP = RECIPES / "tiny_gpt_tensor_parallel.yaml"  # its rules split heads and MLP on `model`
 LIMIT = 8
