@@ -662,6 +662,17 @@ CASES: dict[str, Case] = {
         expect="recipe key 'track[1]': wandb is not installed; pip install 'dtensor-cli[wandb]'",
         missing=("wandb",),
     ),
+    "track one option dotted": t(
+        "track.mlflow.experiment=foo",
+        expect="recipe key 'track': expected a list of trackers, like [mlflow] or "
+        "[{mlflow: {experiment: foo}}], got {mlflow: {experiment: foo}}",
+    ),
+    "track an index": t("track[0]=mlflow", expect="like [mlflow] or [{mlflow:"),
+    "track mlflow store scheme": t(
+        'track=[{mlflow: {tracking_uri: "ftp://x"}}]',
+        expect="recipe key 'track[0].mlflow.tracking_uri': expected a tracking store: "
+        "sqlite:///FILE,",
+    ),
     # ---- train.eval_tasks (lm-eval tasks at each evaluation)
     "train eval_tasks on a classifier": t(
         "train.eval_tasks={tasks: [tiny_mc]}",

@@ -1,7 +1,8 @@
 """Experiment trackers (`track:`, dtcli.track) against the real packages, offline: MLflow on a
 SQLite store in tmp_path, W&B in offline mode read back with its own reader (`wandb leet
-inspect --json`). One shared run: a crash after step 6's records were written but before its
-checkpoint, then `--resume`, so that every check below also holds across a resume."""
+inspect --json`). One shared run: a stop, a crash after step 9's records were written but before
+its checkpoint, a resume without trackers, then one with them again, so that every check below
+also holds across resumes."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from conftest import QUICK, run_cli
 from dtcli import metrics as metrics_lib
 from dtcli import recipe as recipe_lib
 
-# Three epochs of 3 steps, a call a step, every step in steps.jsonl, a checkpoint each epoch.
-STEPS = [
-    *("--epochs", "3", "--set", "train.steps_per_epoch=3", "--set", "train.steps_per_call=1"),
+# Epochs of 3 steps, a call a step, every step in steps.jsonl, a checkpoint each epoch.
+EPOCHS = [
+    *("--set", "train.steps_per_epoch=3", "--set", "train.steps_per_call=1"),
     *("--set", "train.log_every=1", "--set", "train.checkpoint_every=1", "--no-progress"),
 ]
+STEPS = ["--epochs", "3", *EPOCHS]
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +51,12 @@ def offline(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory, offline, cpu8):
-    """The quickstart with `track: [mlflow, wandb]` (a relative sqlite:/// store) in three
-    processes' turns: stopped (as by Ctrl-C) after step 5, which it saves; resumed with another
-    learning rate, its save of step 9 failing (a full disk) after step 9's records were written;
-    resumed again to the end. The root logger holds a handler of the test's, at INFO."""
+    """The quickstart with `track: [mlflow, wandb]` (a relative sqlite:/// store) in four
+    turns: stopped (as by Ctrl-C) after step 5, which it saves; resumed with another learning
+    rate, its save of step 9 failing (a full disk) after step 9's records were written; resumed
+    to epoch 3 with `track: []`; resumed to epoch 4 with the trackers again (the same store):
+    they must get steps 6-9, which no turn of theirs sent. The root logger holds a handler of
+    the test's, at INFO."""
     from dtcli import checkpoint as ckpt_lib
     from dtcli.track import mlflow as mlflow_sink
     from dtcli.train import loop as train_loop
@@ -89,22 +93,32 @@ def tracked(tmp_path_factory, offline, cpu8):
     out, seen = {}, {}
     # As a sweep starts its trials: a parent run, its id in the environment of the first turn
     # (which creates the MLflow run) and another in a resume's (which must not re-parent it).
-    seen["parent"] = mlflow_sink.start_parent(recipe_lib.load(recipe).track[0].mlflow, "sweep")
+    cfg = recipe_lib.load(recipe).track[0].mlflow
+    seen["parent"] = mlflow_sink.start_parent(cfg, "sweep")
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(mlflow_sink.PARENT_ENV, seen["parent"])
             mp.setattr(train_run, "StopOnSignal", StopAfter5)
             mp.setattr(train_loop.EpochLoop, "_count_step", counted)
             out["stopped"] = run_cli("train", recipe, *STEPS, "--out", run, cwd=tmp)
-        seen["stopped"] = _seen(run)
+        seen["stopped"] = _seen(run, cfg.tracking_uri)
         seen["first recipe"] = recipe_lib.load(run / "recipe.yaml")
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(mlflow_sink.PARENT_ENV, "another-sweeps-run")
             mp.setattr(ckpt_lib.Checkpointer, "save", full_disk_at_9)
             lr = ("--set", "optimizer.learning_rate=0.002")
             out["crashed"] = run_cli("train", "--resume", run, *lr, *STEPS, cwd=tmp)
-        seen["crashed"] = _seen(run)
-        out["resumed"] = run_cli("train", "--resume", run, *STEPS, cwd=tmp)
+        seen["crashed"] = _seen(run, cfg.tracking_uri)
+        off = ("--set", "track=[]")
+        out["untracked"] = run_cli("train", "--resume", run, *STEPS, *off, cwd=tmp)
+        seen["untracked"] = _seen(run, cfg.tracking_uri)
+        again = (
+            "--set",
+            "track=" + json.dumps(recipe_lib.to_mapping(seen["first recipe"])["track"]),
+        )
+        out["resumed"] = run_cli(
+            "train", "--resume", run, "--epochs", "4", *EPOCHS, *again, cwd=tmp
+        )
         kept = (root.handlers[:], root.level)
     finally:
         root.handlers[:] = handlers
@@ -119,13 +133,16 @@ def tracked(tmp_path_factory, offline, cpu8):
     }
 
 
-def _seen(run: Path) -> dict:
-    """What the run's files and its MLflow run held after one turn."""
-    client, run_id = _client(run), _ids(run)["mlflow"]["run_id"]
+def _seen(run: Path, store: str) -> dict:
+    """What the run's files and its MLflow run (in `store`) held after one turn."""
+    from mlflow import MlflowClient
+
+    client, run_id = MlflowClient(tracking_uri=store), _ids(run)["mlflow"]["run_id"]
     return {
         "metrics": metrics_lib.read(run / "metrics.jsonl"),
         "status": client.get_run(run_id).info.status,
         "step/loss": sorted(m.step for m in client.get_metric_history(run_id, "step/loss")),
+        "ids": _ids(run),
     }
 
 
@@ -156,6 +173,7 @@ def test_each_turn_ends_its_tracker_run_and_sends_what_its_checkpoints_cover(tra
     out, seen = tracked["out"], tracked["seen"]
     assert out["stopped"].code == 130, out["stopped"].err
     assert out["crashed"].code != 0 and out["resumed"].code == 0, out["crashed"].err
+    assert out["untracked"].code == 0, out["untracked"].err
     # Stopped: its save of step 5 sent steps 1-5 (the interrupt's checkpoint counts too).
     assert seen["stopped"]["status"] == "KILLED"
     assert seen["stopped"]["step/loss"] == [1, 2, 3, 4, 5]
@@ -163,6 +181,10 @@ def test_each_turn_ends_its_tracker_run_and_sends_what_its_checkpoints_cover(tra
     assert seen["crashed"]["status"] == "FAILED"
     assert seen["crashed"]["metrics"][-1]["step"] == 9
     assert seen["crashed"]["step/loss"] == [1, 2, 3, 4, 5, 6]
+    # Untracked: nothing sent; the kept run's confirmed step stays 6 for the next turn.
+    assert seen["untracked"]["step/loss"] == [1, 2, 3, 4, 5, 6]
+    assert seen["untracked"]["ids"]["mlflow"]["step"] == 6
+    assert _ids(tracked["run"])["mlflow"]["step"] == _ids(tracked["run"])["wandb"]["step"] == 12
     assert "warning" not in "".join(o.err for o in out.values())
 
 
@@ -171,7 +193,7 @@ def test_mlflow_holds_every_metric_of_the_json_lines_once_across_a_resume(tracke
     client, run_id = _client(run), _ids(run)["mlflow"]["run_id"]
     expected = _expected(run)
     assert {"eval_loss", "train_loss", "epoch", "step/loss"} <= set(expected)
-    assert len(expected["step/loss"]) == 9
+    assert len(expected["step/loss"]) == 12
     found = client.get_run(run_id)
     assert set(found.data.metrics) == set(expected)
     for name, values in expected.items():
@@ -241,7 +263,7 @@ def test_train_log_and_the_root_logger_survive_mlflow(tracked):
     for line in (line for o in tracked["out"].values() for line in o.err_lines):
         if not line.startswith("error:"):
             assert line in log, line
-    assert "epoch 3/3" in log and "done: 3 epochs" in log
+    assert "epoch 3/3" in log and "done: 3 epochs" in log and "done: 4 epochs" in log
     assert "mlflow" not in "".join(o.err for o in tracked["out"].values())  # no INFO lines
 
 
@@ -265,7 +287,7 @@ def _wandb_records(run: Path) -> list[dict]:
 def test_wandb_offline_history_and_config_read_back(tracked):
     run = tracked["run"]
     files = _wandb_records(run)
-    assert len(files) == 3  # a file per turn, one W&B run id
+    assert len(files) == 3  # a file per tracked turn, one W&B run id
     found: dict[str, dict[int, float]] = {}
     for records in files:
         for record in (r for r in records if r["type"] == "history"):
@@ -301,22 +323,46 @@ def test_an_unreachable_tracking_server_is_one_warning_and_training_completes(
     took = time.monotonic() - began
     assert result.code == 0, result.err
     warnings = [line for line in result.err_lines if "warning" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("warning: track: mlflow failed ("), (
-        warnings
-    )
+    assert warnings == [
+        "warning: track: mlflow failed (cannot reach http://127.0.0.1:1 (connection refused)); "
+        "training goes on without it"
+    ]
     assert len(metrics_lib.read(tmp_path / "run" / "metrics.jsonl")) == 1
     # Generous: the run takes seconds; MLflow's own retries (7, backing off up to 120 s a call)
     # would hold it for minutes.
     assert took < 60, took
+    # A sweep's parent run fails the same way, its exception's line as short.
+    from dtcli.recipe import MlflowConfig
+    from dtcli.track import mlflow as mlflow_sink
+
+    cfg = MlflowConfig(tracking_uri="http://127.0.0.1:1", experiment="x")
+    said = r"^cannot reach http://127\.0\.0\.1:1 \(connection refused\)$"
+    with pytest.raises(mlflow_sink.StoreError, match=said):
+        mlflow_sink.start_parent(cfg, "sweep")
+    with pytest.raises(mlflow_sink.StoreError, match=said):
+        mlflow_sink.end_parent(cfg, "0" * 32, "FINISHED")
 
 
-def test_which_trackers_a_recipe_gets():
+def test_which_trackers_a_recipe_gets(tmp_path, monkeypatch):
     from dtcli import track
     from dtcli.train import tracking
 
     base = yaml.safe_load(Path(QUICK).read_text())
     assert [t.name for t in track.trackers_of(recipe_lib.load(base))] == ["tensorboard"]
     assert track.trackers_of(recipe_lib.load({**base, "track": []})) == ()
+    # A name alone is a list of one (`--set track=mlflow`).
+    alone = recipe_lib.load({**base, "track": "wandb"}).track
+    assert alone == recipe_lib.load({**base, "track": ["wandb"]}).track and len(alone) == 1
+    # A relative sqlite path in MLFLOW_TRACKING_URI: from the working folder (the shell's),
+    # not the recipe file's.
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.yaml").write_text(
+        yaml.safe_dump({"base": QUICK, "track": ["mlflow"]})
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///envrel.db")
+    monkeypatch.chdir(tmp_path)
+    (found,) = recipe_lib.load(tmp_path / "recipes" / "r.yaml").track
+    assert found.mlflow.tracking_uri == f"sqlite:///{(tmp_path / 'envrel.db').resolve()}"
     from dtcli.errors import Preempted, TrainingError
 
     assert tracking.ended(KeyboardInterrupt()) == tracking.ended(Preempted("x")) == "KILLED"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,8 @@ SQLITE = "sqlite:///"
 # A sqlite store's default file, and its experiments' artifacts beside it.
 MLFLOW_DB = "mlflow.db"
 MLFLOW_ARTIFACTS = "mlartifacts"
+# The URI schemes MLflow's tracking serves (a database's may name a driver: postgresql+psycopg2).
+STORE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,20 @@ class TrackerConfig:
 
 
 def normalized(raw: Any) -> Any:
-    """`track`'s raw items as one-key mappings {NAME: {options}} (a name alone: its defaults);
-    an item that names no tracker, or one named twice, refused naming track[i]. Anything but a
-    list is left for the type check to refuse."""
+    """`track`'s raw items as one-key mappings {NAME: {options}} (a name alone: its defaults;
+    `track: mlflow` is `[mlflow]`); an item that names no tracker, or one named twice, refused
+    naming track[i]; any other value refused with the list form to write."""
+    if isinstance(raw, str) and raw in TRACKERS:
+        raw = [raw]
     if not isinstance(raw, (list, tuple)):
-        return raw
+        # A dotted --set (track.mlflow.experiment=foo) or an index (track[0]=mlflow) arrives as
+        # a mapping: the list form is the only way to write it.
+        close = difflib.get_close_matches(raw, TRACKERS, n=1) if isinstance(raw, str) else []
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(
+            "recipe key 'track': expected a list of trackers, like [mlflow] or "
+            f"[{{mlflow: {{experiment: foo}}}}], got {_shown(raw)}{hint}"
+        )
     out: list[dict[str, Any]] = []
     for i, item in enumerate(raw):
         name = item if isinstance(item, str) else None
@@ -120,10 +132,11 @@ def resolved(track: tuple[TrackerConfig, ...] | None, name: str) -> Any:
     if track is None:
         return None
     out = []
-    for item in track:
+    for i, item in enumerate(track):
         if item.mlflow is not None:
             cfg = item.mlflow
             paths = _mlflow_paths(dataclasses.asdict(cfg), Path.cwd())
+            _check_store(paths["tracking_uri"], f"track[{i}].mlflow.tracking_uri")
             cfg = dataclasses.replace(cfg, **paths, experiment=cfg.experiment or name)
             item = dataclasses.replace(item, mlflow=cfg)
         elif item.wandb is not None:
@@ -161,6 +174,20 @@ def _mlflow_paths(options: dict[str, Any], folder: Path) -> dict[str, Any]:
         if db and db != ":memory:":
             out["artifact_location"] = os.path.join(os.path.dirname(db), MLFLOW_ARTIFACTS)
     return out
+
+
+def _check_store(uri: str, key: str) -> None:
+    """A tracking URI whose scheme MLflow's tracking serves, refused at load otherwise (MLflow
+    would fail in the sink's thread, with a message about its model registry)."""
+    scheme = urllib.parse.urlparse(uri).scheme.split("+")[0].lower()
+    # A scheme of one letter is a Windows drive (C:/runs): a local folder.
+    if len(scheme) > 1 and scheme not in STORE_SCHEMES:
+        env = " (from MLFLOW_TRACKING_URI)" if os.environ.get("MLFLOW_TRACKING_URI") == uri else ""
+        raise UsageError(
+            f"recipe key '{key}': expected a tracking store: sqlite:///FILE, postgresql://, "
+            f"mysql://, mssql://, http(s)://SERVER, file:///FOLDER, databricks or a local folder, "
+            f"got {uri!r}{env}"
+        )
 
 
 def _absolute_sqlite(uri: str, folder: Path) -> str:

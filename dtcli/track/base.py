@@ -57,18 +57,44 @@ class Sink(Protocol):
 
     def finish(self, status: str) -> None: ...
 
+    def failure(self, exc: BaseException) -> str:
+        """What went wrong, briefly, for the one warning (`cause` says it for most sinks)."""
+        ...
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception at the bottom of `exc`'s chain (raised from, or while handling)."""
+    root, seen = exc, {id(exc)}
+    while (below := root.__cause__ or root.__context__) is not None and id(below) not in seen:
+        seen.add(id(below))
+        root = below
+    return root
+
+
+def cause(exc: BaseException) -> str:
+    """An exception's cause, briefly: a network or file error at the bottom of the chain (a
+    client library wraps it in pages of text: "Max retries exceeded ... Connection refused")
+    in its own words, lower case; otherwise the exception's own line."""
+    root = root_cause(exc)
+    if root is not exc and isinstance(root, OSError) and (root.strerror or str(root)):
+        return (root.strerror or str(root)).lower()
+    return one_line(exc, named=True)
+
 
 class Background:
     """A remote sink's calls, in order, on a thread of its own: a server that is down or slow
-    never stalls a training step. Its first failure is one warning; the sink is dropped."""
+    never stalls a training step. Its first failure is one warning; the sink is dropped.
+    `started`: told the run id a start returned; `logged`: the last step of each batch the
+    tracker took."""
 
     def __init__(
         self,
         sink: Sink,
         warn: Callable[[str], None],
         started: Callable[[Sink, str | None], None],
+        logged: Callable[[Sink, int], None],
     ):
-        self.sink, self.warn, self.started = sink, warn, started
+        self.sink, self.warn, self.started, self.logged = sink, warn, started, logged
         self.failed = False
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, name=f"dtcli-{sink.name}", daemon=True)
@@ -99,11 +125,13 @@ class Background:
                 result = getattr(self.sink, method)(*args)
                 if method == "start":
                     self.started(self.sink, result)
+                elif method == "log" and args[0]:
+                    self.logged(self.sink, max(step for step, _ in args[0]))
             except BaseException as exc:  # noqa: BLE001 - any failure of a sink drops it alone
                 if self.failed:  # given up on by close() meanwhile, which said so
                     return
                 self.failed = True
                 self.warn(
-                    f"warning: track: {self.sink.name} failed ({one_line(exc, named=True)}); "
+                    f"warning: track: {self.sink.name} failed ({self.sink.failure(exc)}); "
                     "training goes on without it"
                 )

@@ -54,14 +54,17 @@ class TrackedWriter:
         warn: Any,
     ):
         self.files, self.live, self.ids, self.warn = files, live, ids, warn
-        self.remote = [Background(s, warn, self._keep_id) for s in remote]
+        self.remote = [Background(s, warn, self._keep_id, self._confirm) for s in remote]
         self.pending: Batch = []
         self._ids_lock = threading.Lock()
+        self._run_ids: dict[str, str] = {}  # each remote tracker's open run
         self.closed = False
 
     def start(self, run: RunInfo, kept: dict[str, dict[str, Any]], history: Batch) -> None:
-        """Open each tracker's run: the one `kept` names for it (a resume), else a new one,
-        which first hears `history` (a resume's records up to its checkpoint)."""
+        """Open each tracker's run: the one `kept` names for it (a resume), else a new one.
+        Each first hears the records of `history` (a resume's, up to its checkpoint) it has not
+        confirmed: a new run all, a kept one those after its last confirmed step (a stretch
+        whose batch never reached it: a resume without it, a process ended first)."""
         for sink in self.live:
             sink.start(run)
         for worker in self.remote:
@@ -69,8 +72,11 @@ class TrackedWriter:
             # The same store (and experiment or project) only: another one has no such run.
             run_id = found.get("run_id") if found.get("where") == worker.sink.where else None
             worker.submit("start", _with_id(run, run_id))
-            if run_id is None and history:
-                worker.submit("log", history)
+            after = found.get("step") if run_id is not None else 0
+            # A kept run without a confirmed step (kept before steps were): nothing resent.
+            missed = [r for r in history if r[0] > after] if isinstance(after, int) else []
+            if missed:
+                worker.submit("log", missed)
 
     def epoch(self, record: dict[str, Any]) -> None:
         self.files.epoch(record)
@@ -119,18 +125,32 @@ class TrackedWriter:
             self.pending.append((step, values))
 
     def _keep_id(self, sink: Sink, run_id: str | None) -> None:
-        """Called on a tracker's thread once its run is open, before it hears a record."""
+        """Called on a tracker's thread once its run is open, before it hears a record: a
+        reopened run keeps its confirmed step, a new one has none (0)."""
         if run_id is None:
             return
         with self._ids_lock:
             kept = read_ids(self.ids)
-            kept[sink.name] = {"run_id": run_id, "where": sink.where}
+            before = kept.get(sink.name, {})
+            step = before.get("step") if before.get("run_id") == run_id else 0
+            kept[sink.name] = {"run_id": run_id, "where": sink.where, "step": step}
+            self._run_ids[sink.name] = run_id
             storage.write_atomic(self.ids, json.dumps(kept, indent=1) + "\n")
+
+    def _confirm(self, sink: Sink, step: int) -> None:
+        """Called on a tracker's thread once it took a batch: the batch's last step is kept as
+        confirmed, for a resume to send what comes after it."""
+        with self._ids_lock:
+            kept = read_ids(self.ids)
+            entry = kept.get(sink.name)
+            if isinstance(entry, dict) and entry.get("run_id") == self._run_ids.get(sink.name):
+                entry["step"] = max(step, entry.get("step") or 0)
+                storage.write_atomic(self.ids, json.dumps(kept, indent=1) + "\n")
 
 
 def read_ids(path: Path) -> dict[str, dict[str, Any]]:
-    """trackers.json: {tracker: {"run_id": ID, "where": its store}} (missing or unreadable:
-    none)."""
+    """trackers.json: {tracker: {"run_id": ID, "where": its store, "step": the last step it
+    confirmed taking}} (missing or unreadable: none)."""
     try:
         kept = json.loads(storage.as_path(path).read_text())
     except (OSError, ValueError):

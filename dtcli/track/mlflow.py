@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dtcli.errors import one_line
 from dtcli.recipe import MlflowConfig
-from dtcli.track.base import Batch, RunInfo
+from dtcli.track.base import Batch, RunInfo, cause, root_cause
 
 # A sweep's trial process is started with its parent run's id here: the MLflow run the trial
 # creates (not one it resumes) is nested under it (the mlflow.parentRunId tag).
@@ -35,22 +36,43 @@ PARAM_LENGTH = 6000
 SUMMARY = "summary.json"
 
 
+class StoreError(Exception):
+    """A tracking store that failed a sweep's parent run: its cause in one short line
+    (`failure`)."""
+
+
 def start_parent(cfg: MlflowConfig, name: str, run_id: str | None = None) -> str:
     """A sweep's parent run in cfg's store and experiment, named `name` (`run_id`: reopen that
-    one); its id, for the trials' PARENT_ENV."""
+    one); its id, for the trials' PARENT_ENV. Fails as the sink does (HTTP_ENV: seconds, no
+    retries), raising StoreError."""
     import dtcli
 
-    client = _client(cfg)
-    if run_id is not None:
-        client.update_run(run_id, status="RUNNING")
-        return run_id
-    tags = {"dtcli.version": dtcli.__version__, "dtcli.sweep": "true"}
-    return client.create_run(_experiment_id(client, cfg), run_name=name, tags=tags).info.run_id
+    with _failing_briefly(cfg):
+        client = _client(cfg)
+        if run_id is not None:
+            client.update_run(run_id, status="RUNNING")
+            return run_id
+        tags = {"dtcli.version": dtcli.__version__, "dtcli.sweep": "true"}
+        experiment = _experiment_id(client, cfg)
+        return client.create_run(experiment, run_name=name, tags=tags).info.run_id
 
 
 def end_parent(cfg: MlflowConfig, run_id: str, status: str) -> None:
-    """End a sweep's parent run: FINISHED, FAILED or KILLED."""
-    _client(cfg).set_terminated(run_id, status)
+    """End a sweep's parent run: FINISHED, FAILED or KILLED (raises StoreError)."""
+    with _failing_briefly(cfg):
+        _client(cfg).set_terminated(run_id, status)
+
+
+def failure(exc: BaseException, uri: str | None) -> str:
+    """What went wrong with the store at `uri`, in a short line: a server not reached is
+    "cannot reach URI (connection refused)", not MLflow's page of urllib3's retries."""
+    root = root_cause(exc)
+    if type(exc).__name__ == "UnsupportedModelRegistryStoreURIException":
+        # MLflow's tracking reuses its registry's exception for a scheme it cannot serve.
+        return f"MLflow has no tracking store for {uri}"
+    if root is not exc and isinstance(root, OSError) and str(uri).startswith("http"):
+        return f"cannot reach {uri} ({cause(exc)})"
+    return cause(exc) if root is not exc else one_line(exc, named=True)
 
 
 def metric_name(name: str) -> str:
@@ -114,6 +136,9 @@ class MlflowSink:
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status)
 
+    def failure(self, exc: BaseException) -> str:
+        return failure(exc, self.cfg.tracking_uri)
+
     def _log(self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None):
         from mlflow.entities import Param, RunTag
 
@@ -162,6 +187,14 @@ def _experiment_id(client: Any, cfg: MlflowConfig) -> str:
     if found.lifecycle_stage == "deleted":
         client.restore_experiment(found.experiment_id)
     return found.experiment_id
+
+
+@contextlib.contextmanager
+def _failing_briefly(cfg: MlflowConfig) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - whatever the store raised, said briefly
+        raise StoreError(failure(exc, cfg.tracking_uri)) from exc
 
 
 @contextlib.contextmanager

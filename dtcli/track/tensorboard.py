@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli.metrics import tensorboard_tag
-from dtcli.track.base import Batch, RunInfo
+from dtcli.track.base import Batch, RunInfo, cause
 
 # The prefix of a steps.jsonl key's name (track.fanout): TensorBoard's step/ group already.
 STEP = "step/"
@@ -42,6 +42,9 @@ class TensorboardSink:
             except Exception:  # noqa: BLE001 - event files are a convenience; metrics.jsonl counts
                 pass
             self._writer = None
+
+    def failure(self, exc: BaseException) -> str:
+        return cause(exc)
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
         import tensorflow as tf

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dtcli.recipe import WandbConfig
-from dtcli.track.base import FINISHED, KILLED, Batch, RunInfo
+from dtcli.track.base import FINISHED, KILLED, Batch, RunInfo, cause
 
 # W&B's limit on a tag's length.
 TAG_LENGTH = 64
@@ -80,6 +80,9 @@ class WandbSink:
                 where = os.path.abspath(file)  # `wandb sync` may run from another folder
                 artifact.add_file(where, name=name, policy="immutable", skip_cache=True)
         self.run.log_artifact(artifact)
+
+    def failure(self, exc: BaseException) -> str:
+        return cause(exc)
 
     def finish(self, status: str) -> None:
         if status == KILLED:
