@@ -92,6 +92,24 @@ def test_jobs_split_the_cores_and_a_trial_keeps_to_its_share():
     assert seen.stdout.strip() == str(sorted(share.cores))
 
 
+def test_an_unreachable_store_is_one_short_warning_and_the_trials_try_it(monkeypatch):
+    from dtcli.recipe.trackers import MlflowConfig
+    from dtcli.sweep import parent
+
+    # A refused connection on loopback: no network, and no retries to wait out.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    said: list[str] = []
+    cfg = MlflowConfig(tracking_uri="http://127.0.0.1:1", experiment="sw")
+    assert parent.start(cfg, "sweep", None, said.append) is None
+    assert said == [
+        "warning: sweep: no parent MLflow run (MlflowException: Connection refused); each trial "
+        "tries the store itself, unnested"
+    ]
+    assert parent.env(None) == {}  # the trials start with no parent to nest under
+    long = RuntimeError("store said no: " + "x" * 300)
+    assert parent.short_cause(long) == "RuntimeError: store said no: " + "x" * 68 + "..."
+
+
 def test_dry_run_lists_the_same_folders_without_tensorflow(tmp_path):
     code = (
         "import sys; from dtcli.cli import run\n"
@@ -136,10 +154,11 @@ def test_sigterm_mid_sweep_then_the_same_command_finishes_and_ranks(tmp_path):
                 break
             time.sleep(0.05)  # polling, not waiting for something to happen
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        stopped_out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 143, err
+    assert stopped_out.strip() == str(out)  # summary.json written: the folder for scripts
     assert "sweep preempted (SIGTERM); trials not done: 2, 3" in err.splitlines()[-1]
     first = json.loads((out / "summary.json").read_text())
     status = {Path(t["run_dir"]).name[:3]: t["status"] for t in first["trials"]}
@@ -181,6 +200,7 @@ def test_a_failing_trial_among_done_ones_nested_under_the_sweeps_mlflow_run(tmp_
         sweep_argv(out, *more), cwd=tmp_path, env=env(), capture_output=True, text=True
     )
     assert done.returncode == 1, done.stderr
+    assert done.stdout.strip() == str(out)  # summary.json written: the folder for scripts
     last = done.stderr.splitlines()[-1]
     assert last.startswith("error: 1 of 2 trials failed or were refused (trial 1: failed: ")
     assert "non-finite training loss" in last
