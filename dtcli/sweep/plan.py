@@ -162,7 +162,9 @@ def _check_typed_values_once(trials: list[Trial], overrides: list[dict[str, Any]
     texts: dict[tuple[str, str], str] = {}  # (key, the typed value as JSON): its first text
     for trial, typed in zip(trials, overrides):
         for key, text in trial.texts:
-            first = texts.setdefault((key, json.dumps(typed[key], default=str)), text)
+            first = texts.setdefault(
+                (key, json.dumps(typed[key], sort_keys=True, default=str)), text
+            )
             if first != text:
                 raise UsageError(
                     f"--grid '{key}=...': the value {typed[key]} of '{key}' is given twice (as "
