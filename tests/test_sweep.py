@@ -17,11 +17,18 @@ from conftest import QUICK, env
 from dtcli.errors import UsageError
 from dtcli.sweep import ranking, slots, trials
 
-# Short trials: epochs of 2 steps, a checkpoint after each, all kept; eight of them, so that a
-# trial stopped at its first checkpoint has more to resume.
+# The quick start's trials on 2 virtual CPUs (its layouts with a model axis of 1): each trial's
+# process then costs about 6 CPU s instead of 10 (each virtual device rewrites its own copy of
+# every function).
+SMALL = ["--set", "devices=cpu:2", "--set", "mesh={batch: 2, model: 1}"]
+# Short trials: epochs of 2 steps, a checkpoint after each, all kept; twelve of them, so that a
+# trial stopped at its first checkpoint has eleven left to resume (about 0.14 CPU s each: the
+# SIGTERM, sent within 50 ms of that checkpoint, lands well before the trial's end).
+EPOCHS = 12
 SHORT = [
-    *("--set", "train.epochs=8", "--set", "train.steps_per_epoch=2"),
-    *("--set", "train.checkpoint_every=1", "--set", "train.keep=10"),
+    *SMALL,
+    *("--set", f"train.epochs={EPOCHS}", "--set", "train.steps_per_epoch=2"),
+    *("--set", "train.checkpoint_every=1", "--set", f"train.keep={EPOCHS}"),
 ]
 GRID = ["--grid", "optimizer.learning_rate=1e-3,3e-3", "--grid", "data.batch_size=32,64"]
 
@@ -166,14 +173,18 @@ def test_sigterm_mid_sweep_then_the_same_command_finishes_and_ranks(tmp_path):
     runs = sorted(p for p in out.iterdir() if p.name[:3].isdigit())
     kept = {str(r): _files(r) for r in runs[:2]}
 
-    again = subprocess.run(argv, cwd=tmp_path, env=env(), capture_output=True, text=True)
+    # The same sweep (--jobs is not part of it): trial 2's resume and trial 3 side by side, so
+    # that their TensorFlow start-ups overlap.
+    again = subprocess.run(
+        [*argv, "--jobs", "2"], cwd=tmp_path, env=env(), capture_output=True, text=True
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == str(out)
     assert "trial 0 (optimizer.learning_rate=1e-3 data.batch_size=32): done already" in again.stderr
     assert {str(r): _files(r) for r in runs[:2]} == kept  # trials 0-1 not run again
     resumed = sorted(p for p in out.iterdir() if p.name[:3].isdigit())[2]
     assert (resumed / "resumes.jsonl").is_file()
-    assert [r["epoch"] for r in _records(resumed)] == list(range(1, 9))  # each epoch once
+    assert [r["epoch"] for r in _records(resumed)] == list(range(1, EPOCHS + 1))  # each once
 
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["metric"], summary["mode"], summary["rank"]) == ("eval_loss", "min", "last")
@@ -194,7 +205,8 @@ def test_a_failing_trial_among_done_ones_nested_under_the_sweeps_mlflow_run(tmp_
 
     out, store = tmp_path / "sweep", f"sqlite:///{tmp_path}/mlflow.db"
     more = ["--grid", "optimizer.learning_rate=3e-3,1e30", "--set", "train.epochs=1"]
-    more += ["--set", "train.steps_per_epoch=2", "--no-progress"]
+    # --jobs 2: both trials at once (their start-ups overlap), each its own run in one store.
+    more += ["--set", "train.steps_per_epoch=2", "--no-progress", "--jobs", "2", *SMALL]
     more += ["--set", f"track=[{{mlflow: {{tracking_uri: '{store}', experiment: sw}}}}]"]
     done = subprocess.run(
         sweep_argv(out, *more), cwd=tmp_path, env=env(), capture_output=True, text=True
