@@ -2234,6 +2234,22 @@ CASES: dict[str, Case] = {
         ),
         expect="--out '{tmp}/s': holds another sweep",
     ),
+    "sweep grid value twice": c(
+        *("sweep", "{q}", "--grid", "optimizer.learning_rate=1e-3,1e-3", "--dry-run"),
+        expect="--grid 'optimizer.learning_rate=1e-3,1e-3': the value 1e-3 of "
+        "'optimizer.learning_rate' is given twice",
+    ),
+    "sweep grid value twice once typed": c(
+        *("sweep", "{q}", "--grid", "optimizer.learning_rate=1e-3,0.001", "--grid", "seed=1,2"),
+        *("--dry-run",),
+        expect="--grid 'optimizer.learning_rate=...': the value 0.001 of "
+        "'optimizer.learning_rate' is given twice (as 1e-3 and 0.001)",
+    ),
+    "sweep jobs on devices auto": c(
+        *("sweep", "{q}", "--grid", "seed=1,2", "--jobs", "2", "--set", "devices=auto"),
+        *("--dry-run",),
+        expect="--jobs 2: trials at once need every trial on cpu or every trial on gpu:N",
+    ),
     # ---- the top level
     "unknown command": c("fit", "{q}", expect="No such command"),
     "misspelt command": c("trian", "{q}", expect="No such command"),

@@ -17,11 +17,18 @@ from conftest import QUICK, env
 from dtcli.errors import UsageError
 from dtcli.sweep import ranking, slots, trials
 
-# Short trials: epochs of 2 steps, a checkpoint after each, all kept; eight of them, so that a
-# trial stopped at its first checkpoint has more to resume.
+# The quick start's trials on 2 virtual CPUs (its layouts with a model axis of 1): each trial's
+# process then costs about 6 CPU s instead of 10 (each virtual device rewrites its own copy of
+# every function).
+SMALL = ["--set", "devices=cpu:2", "--set", "mesh={batch: 2, model: 1}"]
+# Short trials: epochs of 2 steps, a checkpoint after each, all kept; twelve of them, so that a
+# trial stopped at its first checkpoint has eleven left to resume (about 0.14 CPU s each: the
+# SIGTERM, sent within 50 ms of that checkpoint, lands well before the trial's end).
+EPOCHS = 12
 SHORT = [
-    *("--set", "train.epochs=8", "--set", "train.steps_per_epoch=2"),
-    *("--set", "train.checkpoint_every=1", "--set", "train.keep=10"),
+    *SMALL,
+    *("--set", f"train.epochs={EPOCHS}", "--set", "train.steps_per_epoch=2"),
+    *("--set", "train.checkpoint_every=1", "--set", f"train.keep={EPOCHS}"),
 ]
 GRID = ["--grid", "optimizer.learning_rate=1e-3,3e-3", "--grid", "data.batch_size=32,64"]
 
@@ -92,6 +99,24 @@ def test_jobs_split_the_cores_and_a_trial_keeps_to_its_share():
     assert seen.stdout.strip() == str(sorted(share.cores))
 
 
+def test_an_unreachable_store_is_one_short_warning_and_the_trials_try_it(monkeypatch):
+    from dtcli.recipe.trackers import MlflowConfig
+    from dtcli.sweep import parent
+
+    # A refused connection on loopback: no network, and no retries to wait out.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    said: list[str] = []
+    cfg = MlflowConfig(tracking_uri="http://127.0.0.1:1", experiment="sw")
+    assert parent.start(cfg, "sweep", None, said.append) is None
+    (line,) = said  # once, for the sweep; each trial's own warning is its run's
+    assert line.startswith("warning: sweep: no parent MLflow run (")
+    assert line.endswith("); each trial tries the store itself, unnested")
+    assert "Connection refused" in line and len(line) <= 160, line  # not the client's 380
+    assert parent.env(None) == {}  # the trials start with no parent to nest under
+    long = RuntimeError("store said no: " + "x" * 300)
+    assert parent.short_cause(long) == "RuntimeError: store said no: " + "x" * 68 + "..."
+
+
 def test_dry_run_lists_the_same_folders_without_tensorflow(tmp_path):
     code = (
         "import sys; from dtcli.cli import run\n"
@@ -136,10 +161,11 @@ def test_sigterm_mid_sweep_then_the_same_command_finishes_and_ranks(tmp_path):
                 break
             time.sleep(0.05)  # polling, not waiting for something to happen
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        stopped_out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 143, err
+    assert stopped_out.strip() == str(out)  # summary.json written: the folder for scripts
     assert "sweep preempted (SIGTERM); trials not done: 2, 3" in err.splitlines()[-1]
     first = json.loads((out / "summary.json").read_text())
     status = {Path(t["run_dir"]).name[:3]: t["status"] for t in first["trials"]}
@@ -147,14 +173,18 @@ def test_sigterm_mid_sweep_then_the_same_command_finishes_and_ranks(tmp_path):
     runs = sorted(p for p in out.iterdir() if p.name[:3].isdigit())
     kept = {str(r): _files(r) for r in runs[:2]}
 
-    again = subprocess.run(argv, cwd=tmp_path, env=env(), capture_output=True, text=True)
+    # The same sweep (--jobs is not part of it): trial 2's resume and trial 3 side by side, so
+    # that their TensorFlow start-ups overlap.
+    again = subprocess.run(
+        [*argv, "--jobs", "2"], cwd=tmp_path, env=env(), capture_output=True, text=True
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == str(out)
     assert "trial 0 (optimizer.learning_rate=1e-3 data.batch_size=32): done already" in again.stderr
     assert {str(r): _files(r) for r in runs[:2]} == kept  # trials 0-1 not run again
     resumed = sorted(p for p in out.iterdir() if p.name[:3].isdigit())[2]
     assert (resumed / "resumes.jsonl").is_file()
-    assert [r["epoch"] for r in _records(resumed)] == list(range(1, 9))  # each epoch once
+    assert [r["epoch"] for r in _records(resumed)] == list(range(1, EPOCHS + 1))  # each once
 
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["metric"], summary["mode"], summary["rank"]) == ("eval_loss", "min", "last")
@@ -175,12 +205,14 @@ def test_a_failing_trial_among_done_ones_nested_under_the_sweeps_mlflow_run(tmp_
 
     out, store = tmp_path / "sweep", f"sqlite:///{tmp_path}/mlflow.db"
     more = ["--grid", "optimizer.learning_rate=3e-3,1e30", "--set", "train.epochs=1"]
-    more += ["--set", "train.steps_per_epoch=2", "--no-progress"]
+    # --jobs 2: both trials at once (their start-ups overlap), each its own run in one store.
+    more += ["--set", "train.steps_per_epoch=2", "--no-progress", "--jobs", "2", *SMALL]
     more += ["--set", f"track=[{{mlflow: {{tracking_uri: '{store}', experiment: sw}}}}]"]
     done = subprocess.run(
         sweep_argv(out, *more), cwd=tmp_path, env=env(), capture_output=True, text=True
     )
     assert done.returncode == 1, done.stderr
+    assert done.stdout.strip() == str(out)  # summary.json written: the folder for scripts
     last = done.stderr.splitlines()[-1]
     assert last.startswith("error: 1 of 2 trials failed or were refused (trial 1: failed: ")
     assert "non-finite training loss" in last

@@ -79,6 +79,5 @@ def sweep(
         out=out,
         jobs=jobs,
     )
-    folder = sweep_lib.command(ask, dry_run=dry_run, progress=not no_progress)
-    if folder is not None:
-        print(folder)  # stdout: for scripts, SWEEP=$(dtcli sweep ...)
+    # stdout: for scripts, SWEEP=$(dtcli sweep ...), also when a trial failed or it was stopped
+    sweep_lib.command(ask, dry_run=dry_run, progress=not no_progress, summarized=print)

@@ -14,6 +14,7 @@ figures   the metric against each swept key
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,25 @@ __all__ = ["SweepAsk", "SweepPlan", "command", "make", "run"]
 PENDING = "pending"  # not run yet (the sweep was stopped first)
 
 
-def command(ask: SweepAsk, dry_run: bool = False, progress: bool = True) -> Path | None:
-    """What `dtcli sweep` asks: the sweep checked, then listed (--dry-run) or run. Returns the
-    sweep's folder once every trial is done."""
+def command(
+    ask: SweepAsk,
+    dry_run: bool = False,
+    progress: bool = True,
+    summarized: Callable[[Path], None] | None = None,
+) -> None:
+    """What `dtcli sweep` asks: the sweep checked, then listed (--dry-run) or run.
+    `summarized(folder)` once the run wrote summary.json, whatever its outcome (before a
+    failed or stopped sweep raises), so that a script finds the folder exactly when it needs
+    it."""
     plan = make(ask)
     if dry_run:
         list_trials(plan)
-        return None
-    return run(plan, progress)
+        return
+    try:
+        run(plan, progress)
+    finally:
+        if summarized is not None and (plan.out / folder_lib.SUMMARY).is_file():
+            summarized(plan.out)
 
 
 def _console(stderr: bool = True) -> Any:

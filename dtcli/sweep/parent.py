@@ -1,10 +1,11 @@
 """A sweep's parent MLflow run, when the trials' recipe lists an mlflow tracker: created once
 (its id in sweep.json, so a re-run reopens it), passed to each trial in PARENT_ENV so that the
 run the trial creates is nested under it, and ended with the sweep's outcome. A store that
-fails is one warning: the trials run on, unnested."""
+fails is one short warning: the trials run on, each trying the store itself, unnested."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +28,27 @@ def start(cfg: Any, name: str, recorded: str | None, warn: Callable[[str], None]
     try:
         return mlflow_sink.start_parent(cfg, name, recorded)
     except Exception as exc:  # a store down or refusing: the sweep goes on without nesting
-        warn(f"warning: sweep: no parent MLflow run ({one_line(exc, named=True)}); trials unnested")
+        warn(
+            f"warning: sweep: no parent MLflow run ({short_cause(exc)}); each trial tries the "
+            "store itself, unnested"
+        )
         return None
+
+
+# The reason a connection failed, inside an HTTP client's retry message.
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+_CAUSE_LIMIT = 100
+
+
+def short_cause(exc: BaseException) -> str:
+    """Why the store failed, short: a connection's `[Errno N] reason` where the message holds
+    one (an HTTP client's retry message runs to hundreds of characters), else the exception's
+    first line cut to _CAUSE_LIMIT characters."""
+    found = _ERRNO.search(str(exc))
+    if found:
+        return f"{type(exc).__name__}: {found.group(1).strip()}"
+    text = one_line(exc, named=True)
+    return text if len(text) <= _CAUSE_LIMIT else text[: _CAUSE_LIMIT - 3] + "..."
 
 
 def env(run_id: str | None) -> dict[str, str]:

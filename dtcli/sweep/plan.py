@@ -4,6 +4,7 @@ trial's recipe loaded with the recipe's own checks, the metric and its direction
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,9 @@ def make(ask: SweepAsk) -> SweepPlan:
     for recipe in recipes:
         ranking.check_metric(ask.metric, recipe)
         track.check_installed(recipe)  # as train checks it, but before any trial starts
+    overrides = [_as_loaded(r, t) for r, t in zip(recipes, trials)]
+    if ask.grid:
+        _check_typed_values_once(trials, overrides)
     mode = ranking.default_mode(ask.metric, ask.mode)
     ident = folder_lib.identity(path, list(ask.sets), trials)
     if ask.out is not None and not ask.out.strip():
@@ -98,7 +102,7 @@ def make(ask: SweepAsk) -> SweepPlan:
         rank=ask.rank,
         out=out,
         slots=slots(ask.jobs, recipes),
-        overrides=[_as_loaded(r, t) for r, t in zip(recipes, trials)],
+        overrides=overrides,
         log_keys=trials_lib.log_keys(list(ask.distributions)) if ask.random else set(),
         ident=ident,
         recorded=recorded,
@@ -150,6 +154,22 @@ def _as_loaded(recipe: Recipe, trial: Trial) -> dict[str, Any]:
                 break
         out[key] = node
     return out
+
+
+def _check_typed_values_once(trials: list[Trial], overrides: list[dict[str, Any]]) -> None:
+    """Two texts of a --grid key that the key types to one value (1e-3 and 0.001 for
+    optimizer.learning_rate) make two identical trials."""
+    texts: dict[tuple[str, str], str] = {}  # (key, the typed value as JSON): its first text
+    for trial, typed in zip(trials, overrides):
+        for key, text in trial.texts:
+            first = texts.setdefault(
+                (key, json.dumps(typed[key], sort_keys=True, default=str)), text
+            )
+            if first != text:
+                raise UsageError(
+                    f"--grid '{key}=...': the value {typed[key]} of '{key}' is given twice (as "
+                    f"{first} and {text}); give each value once"
+                )
 
 
 def _check_trial_folder(path: Path, trial: Trial) -> None:

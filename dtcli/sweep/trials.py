@@ -99,6 +99,7 @@ def grid(args: list[str]) -> list[Trial]:
             raise UsageError(f"--grid {arg!r}: an empty value (between two commas or at an end)")
         for value in values:
             _typed("--grid", arg, value)
+        _check_values_once(arg, key, values)
         _check_new_key("--grid", arg, key, [k for k, _ in axes])
         axes.append((key, values))
     keys = [key for key, _ in axes]
@@ -106,6 +107,15 @@ def grid(args: list[str]) -> list[Trial]:
         Trial(i, tuple(zip(keys, combo)))
         for i, combo in enumerate(itertools.product(*(values for _, values in axes)))
     ]
+
+
+def _check_values_once(arg: str, key: str, values: list[str]) -> None:
+    """A value given twice makes two identical trials (the plan compares the values as typed)."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise UsageError(
+                f"--grid {arg!r}: the value {value} of '{key}' is given twice; give each value once"
+            )
 
 
 def _check_new_key(option: str, arg: str, key: str, seen: list[str]) -> None:
