@@ -111,10 +111,9 @@ def test_an_unreachable_store_is_one_short_warning_and_the_trials_try_it(monkeyp
     (line,) = said  # once, for the sweep; each trial's own warning is its run's
     assert line.startswith("warning: sweep: no parent MLflow run (")
     assert line.endswith("); each trial tries the store itself, unnested")
-    assert "Connection refused" in line and len(line) <= 160, line  # not the client's 380
+    # track.mlflow.failure's short cause, not the HTTP client's 380 characters of retries
+    assert "(cannot reach http://127.0.0.1:1 (connection refused))" in line, line
     assert parent.env(None) == {}  # the trials start with no parent to nest under
-    long = RuntimeError("store said no: " + "x" * 300)
-    assert parent.short_cause(long) == "RuntimeError: store said no: " + "x" * 68 + "..."
 
 
 def test_dry_run_lists_the_same_folders_without_tensorflow(tmp_path):

@@ -5,11 +5,9 @@ fails is one short warning: the trials run on, each trying the store itself, unn
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
-from dtcli.errors import one_line
 from dtcli.recipe import Recipe
 
 # sweep.json's key for the parent run's id.
@@ -27,28 +25,12 @@ def start(cfg: Any, name: str, recorded: str | None, warn: Callable[[str], None]
 
     try:
         return mlflow_sink.start_parent(cfg, name, recorded)
-    except Exception as exc:  # a store down or refusing: the sweep goes on without nesting
+    except mlflow_sink.StoreError as exc:  # a store down or refusing: no nesting, the sweep goes on
         warn(
-            f"warning: sweep: no parent MLflow run ({short_cause(exc)}); each trial tries the "
-            "store itself, unnested"
+            f"warning: sweep: no parent MLflow run ({exc}); each trial tries the store itself, "
+            "unnested"
         )
         return None
-
-
-# The reason a connection failed, inside an HTTP client's retry message.
-_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
-_CAUSE_LIMIT = 100
-
-
-def short_cause(exc: BaseException) -> str:
-    """Why the store failed, short: a connection's `[Errno N] reason` where the message holds
-    one (an HTTP client's retry message runs to hundreds of characters), else the exception's
-    first line cut to _CAUSE_LIMIT characters."""
-    found = _ERRNO.search(str(exc))
-    if found:
-        return f"{type(exc).__name__}: {found.group(1).strip()}"
-    text = one_line(exc, named=True)
-    return text if len(text) <= _CAUSE_LIMIT else text[: _CAUSE_LIMIT - 3] + "..."
 
 
 def env(run_id: str | None) -> dict[str, str]:
@@ -65,5 +47,5 @@ def end(cfg: Any, run_id: str | None, status: str, warn: Callable[[str], None]) 
 
     try:
         mlflow_sink.end_parent(cfg, run_id, status)
-    except Exception as exc:
-        warn(f"warning: sweep: the parent MLflow run not ended ({one_line(exc, named=True)})")
+    except mlflow_sink.StoreError as exc:
+        warn(f"warning: sweep: the parent MLflow run not ended ({exc})")
