@@ -673,6 +673,14 @@ CASES: dict[str, Case] = {
         expect="recipe key 'track[0].mlflow.tracking_uri': expected a tracking store: "
         "sqlite:///FILE,",
     ),
+    "track mlflow store empty": t(
+        'track=[{mlflow: {tracking_uri: ""}}]',
+        expect="recipe key 'track[0].mlflow.tracking_uri': expected a tracking store such as "
+        "sqlite:///FILE or http(s)://SERVER, got an empty string",
+    ),
+    "track a comma list": t(
+        "track=mlflow,tensorboard", expect="(did you mean [mlflow, tensorboard]?)"
+    ),
     # ---- train.eval_tasks (lm-eval tasks at each evaluation)
     "train eval_tasks on a classifier": t(
         "train.eval_tasks={tasks: [tiny_mc]}",

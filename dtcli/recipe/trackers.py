@@ -89,6 +89,8 @@ def normalized(raw: Any) -> Any:
         # a mapping: the list form is the only way to write it.
         close = difflib.get_close_matches(raw, TRACKERS, n=1) if isinstance(raw, str) else []
         hint = f" (did you mean '{close[0]}'?)" if close else ""
+        if isinstance(raw, str) and "," in raw:  # --set track=mlflow,tensorboard
+            hint = f" (did you mean [{', '.join(n.strip() for n in raw.split(','))}]?)"
         raise UsageError(
             "recipe key 'track': expected a list of trackers, like [mlflow] or "
             f"[{{mlflow: {{experiment: foo}}}}], got {_shown(raw)}{hint}"
@@ -179,6 +181,12 @@ def _mlflow_paths(options: dict[str, Any], folder: Path) -> dict[str, Any]:
 def _check_store(uri: str, key: str) -> None:
     """A tracking URI whose scheme MLflow's tracking serves, refused at load otherwise (MLflow
     would fail in the sink's thread, with a message about its model registry)."""
+    if not uri.strip():  # MLflow would take its own default, in the working folder
+        raise UsageError(
+            f"recipe key '{key}': expected a tracking store such as sqlite:///FILE or "
+            "http(s)://SERVER, got an empty string (null takes MLFLOW_TRACKING_URI, else "
+            "sqlite:///mlflow.db beside the recipe)"
+        )
     scheme = urllib.parse.urlparse(uri).scheme.split("+")[0].lower()
     # A scheme of one letter is a Windows drive (C:/runs): a local folder.
     if len(scheme) > 1 and scheme not in STORE_SCHEMES:
