@@ -16,14 +16,13 @@ from dtcli import storage
 from dtcli.errors import TrainingError
 
 
-def tensorboard_tag(name: str, per_step: bool = False) -> str:
+def tensorboard_tag(name: str) -> str:
     """TensorBoard groups tags by their first '/': train/loss beside train/accuracy, eval/...,
-    step/ (the per-step loss, gradient norm, learning rate), time/, perf/ (rates, FLOP/s). A
-    name with a '/' of its own (an lm-eval task's TASK/METRIC) is its tag: grouped by task."""
+    time/, perf/ (rates, FLOP/s). A name with a '/' of its own is its tag: steps.jsonl's keys
+    as the trackers name them (step/loss, step/grad_norm: grouped under step/), an lm-eval
+    task's TASK/METRIC (grouped by task)."""
     if "/" in name:
         return name
-    if per_step:
-        return f"step/{name}"
     for group in ("train", "eval"):
         if name.startswith(group + "_"):
             return f"{group}/{name[len(group) + 1 :]}"
@@ -75,9 +74,6 @@ class MetricsWriter:
     def step_loss(self, step: int, loss: float, **more: float) -> None:
         """One step's loss, and what else the step reports (grad_norm, learning_rate)."""
         self._append(self.steps, {"step": step, "loss": loss, **more})
-
-    def close(self) -> None:
-        pass  # each line is appended whole
 
 
 class Profiler:

@@ -108,7 +108,6 @@ class TrackedWriter:
         if self.closed:
             return
         self.closed = True
-        self.files.close()
         for sink in self.live:
             sink.finish(status)
         for worker in self.remote:

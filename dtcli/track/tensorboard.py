@@ -11,9 +11,6 @@ from typing import Any
 from dtcli.metrics import tensorboard_tag
 from dtcli.track.base import Batch, RunInfo, cause
 
-# The prefix of a steps.jsonl key's name (track.fanout): TensorBoard's step/ group already.
-STEP = "step/"
-
 
 class TensorboardSink:
     name = "tensorboard"
@@ -29,7 +26,7 @@ class TensorboardSink:
 
     def log(self, batch: Batch) -> None:
         for step, values in batch:
-            self._scalars(step, {_tag(k): v for k, v in values.items() if k != "epoch"})
+            self._scalars(step, {tensorboard_tag(k): v for k, v in values.items() if k != "epoch"})
 
     def artifacts(self, files: list[Path], summary: dict[str, Any]) -> None:
         pass  # the plots and the summary lie beside the events already
@@ -60,8 +57,3 @@ class TensorboardSink:
             with self._writer.as_default():
                 for name, value in values.items():
                     tf.summary.scalar(name, value, step=step)
-
-
-def _tag(name: str) -> str:
-    """steps.jsonl's step/KEY as it is; an epoch record's key grouped (metrics.tensorboard_tag)."""
-    return name if name.startswith(STEP) else tensorboard_tag(name)
