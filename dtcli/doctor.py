@@ -159,16 +159,8 @@ def _compile_choices() -> Check:
     """What `train.compile: auto` measured and kept for this CPU (session/choice.py)."""
     from dtcli.session import choice
 
-    path = choice.choices_path()
-    host = tfruntime.host_key(os.environ)
-    mine = [e for key, e in choice.read_choices(path).items() if key.startswith(f"{host}/")]
-    if not mine:
-        return Check(
-            "compile choices",
-            True,
-            f"none kept for this CPU in {path} (a float32 transformer's first one-device run "
-            "measures XLA against TensorFlow's own kernels and keeps the faster)",
-        )
+    path, host = choice.choices_path(), tfruntime.host_key(os.environ)
+    mine = [e for k, e in choice.read_choices(path).items() if k.startswith(f"{host}/")]
     shown = "; ".join(
         f"{e.get('compiler')} ({e.get('xla_ms')} ms a step with XLA, {e.get('graph_ms')} "
         f"without, {float(e.get('flops') or 0) / 1e9:.0f} GFLOP a step)"

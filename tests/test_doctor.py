@@ -219,7 +219,7 @@ def test_doctor_lists_the_compile_choices_kept_for_this_cpu(monkeypatch, tmp_pat
     from dtcli.session import choice
 
     monkeypatch.setenv("DTCLI_CACHE_DIR", str(tmp_path))
-    assert doctor_lib._compile_choices().detail.startswith("none kept for this CPU")
+    assert doctor_lib._compile_choices().detail.startswith("0 kept for this CPU")
     host = tfruntime.host_key(os.environ)
     entry = {"compiler": "graph", "xla_ms": 1350.0, "graph_ms": 1264.0, "flops": 2.68e11}
     other = {**entry, "compiler": "xla"}
