@@ -109,22 +109,13 @@ def prepare(
     placed = None
     if "train" in splits and place_on_device(recipe.data, dataset.train, devices.local_count):
         placed = packer.place(dataset.train.x), packer.place(dataset.train.y)
-    session = Session(
-        resolved,
-        devices,
-        axes,
-        mesh,
-        dataset,
-        plans,
-        built,
-        optimizer,
-        packer,
+    feeds = (
         _train_feed(recipe, dataset.train, packer, placed is not None),
         eval_feed(recipe, dataset.eval, packer),
-        cluster,
-        placed,
-        compiler=compiler,
     )
+    model = (dataset, plans, built, optimizer)
+    session = Session(resolved, devices, axes, mesh, *model, packer, *feeds)
+    session.cluster, session.placed, session.compiler = cluster, placed, compiler
     choice_lib.settle(session, probe=trains)
     return session
 
