@@ -113,8 +113,8 @@ def prepare(
         _train_feed(recipe, dataset.train, packer, placed is not None),
         eval_feed(recipe, dataset.eval, packer),
     )
-    model = (dataset, plans, built, optimizer)
-    session = Session(resolved, devices, axes, mesh, *model, packer, *feeds)
+    parts = (dataset, plans, built, optimizer)
+    session = Session(resolved, devices, axes, mesh, *parts, packer, *feeds)
     session.cluster, session.placed, session.compiler = cluster, placed, compiler
     choice_lib.settle(session, probe=trains)
     return session
