@@ -78,3 +78,24 @@ def test_the_limit_counts_every_matmul_of_the_step_and_nothing_else():
     groups = matmul_limit.grouped(products)
     assert sum(count for count, _ in groups.values()) == len(products)
     assert groups[matmul_limit.Product(1, 64, 320, 96)] == (1, ["head dX"])
+
+
+def test_each_nanogpt_row_is_set_against_the_limit_of_its_own_threads_dtype_and_shape():
+    s = matmul_limit.Shape(layers=12, width=768, heads=12, context=128, batch=4, vocab=256)
+    shape = {"layers": 12, "width": 768, "heads": 12, "context": 128, "batch": 4, "vocab": 256}
+    lim = {"step_flops": 2e9, "gflops": {"onednn": 100.0, "xla": 50.0, "best": 100.0}}
+    results = {
+        (2, "float32"): lim,
+        (2, "bf16"): {**lim, "gflops": dict.fromkeys(lim["gflops"], 200.0)},
+    }
+    rows = [
+        {"run": "dtcli", "threads": 2, "ms_per_step": 40.0, **shape},  # 50 GFLOP/s
+        {"run": "dtcli bf16", "threads": 2, "ms_per_step": 40.0, **shape},
+        {"run": "nanoGPT", "threads": 1, "ms_per_step": 40.0, **shape},
+        {"run": "nanoGPT", "threads": 2, "ms_per_step": 40.0, **shape, "vocab": 50304},
+    ]
+    lines = matmul_limit.row_ratios(s, rows, results)
+    assert "0.500 of onednn, 1.000 of xla" in lines[0]
+    assert "0.250 of onednn" in lines[1]
+    assert lines[2].endswith("no 1-thread float32 limit measured, left out")
+    assert lines[3].endswith("another shape or vocabulary, left out")
