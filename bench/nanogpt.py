@@ -324,6 +324,8 @@ def dtcli_sets(
         }
     if vocab == "gpt2":  # bytes read as ever; the tables (and the tied head) 50,304 rows
         sets["model.transformer.vocab_size"] = VOCAB_SIZES["gpt2"]
+    if s.device == "gpu":
+        sets["devices"] = "gpu"
     if s.device == "gpu" or bf16:
         sets["train.precision"] = "bf16"
     if s.device == "gpu" or compile_ != "auto":

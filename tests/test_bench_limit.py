@@ -46,6 +46,19 @@ def test_gpt2_small_rows_give_both_sides_the_same_shape_vocabulary_and_warmup():
     readme = nanogpt.dtcli_sets(nanogpt.CPU, Path("x"), 200, 128, "auto")
     assert "model.transformer.layers" not in readme and "train.compile" not in readme
     assert nanogpt.nanogpt_data("nanoGPT", "bytes", nanogpt.CPU) == "chars"
+    # On a GPU: the GPU, bf16 and the row's compile setting, at either shape.
+    gpu = nanogpt.dataclasses.replace(s, device="gpu")
+    for setting in (nanogpt.GPU, gpu):
+        sets = nanogpt.dtcli_sets(setting, Path("x"), 200, 768, "dtensor")
+        assert (sets["devices"], sets["train.precision"], sets["train.compile"]) == (
+            "gpu",
+            "bf16",
+            "dtensor",
+        )
+    assert "--n_layer=12" in nanogpt.nanogpt_args(gpu, 40, 768, True, "bytes")
+    assert not any(
+        a.startswith("--n_layer") for a in nanogpt.nanogpt_args(nanogpt.GPU, 40, 384, True)
+    )
 
 
 def test_dtcli_compile_adds_one_row_per_setting_and_auto_is_the_dtcli_row():
