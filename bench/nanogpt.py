@@ -200,6 +200,9 @@ def thread_env(threads: int | None, cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["DTCLI_XLA_CACHE"] = str(cache)
+    # dtcli's cache folder too: `train.compile: auto`'s kept choice of compiler (the row's first
+    # run measures it, in its first step; later runs read it)
+    env["DTCLI_CACHE_DIR"] = str(cache)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     for key in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         env.pop(key, None)
