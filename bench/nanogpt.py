@@ -27,23 +27,45 @@ TensorFlow's oneDNN kernels, not XLA: mesh.compiles_with_xla), and nanoGPT's tra
 one CPU line (`ctx = nullcontext() if device_type == 'cpu' else ...autocast`) made to autocast
 on the CPU too, `--dtype=bfloat16`: PyTorch's own mixed precision, matmuls in bf16.
 
+`--shape gpt2-small`: GPT-2 small's body instead (12 layers, 12 heads, 768 wide, no dropout) at
+context 128 and batch 4, on both sides (nanoGPT's flags, dtcli's --set model.transformer.*,
+data.batch_size), both on dtcli's bytes (vocabulary 256), with a warmup of a quarter of the
+steps (at most 100) and a cosine decay over them on both, and short evaluations (nanoGPT's at
+iteration 0 over 2 batches, dtcli's between its stretches over 0.5% of the text), so that a run
+of tens of steps spends its time on the steps it times. `--vocab gpt2` (or `--vocab bytes gpt2`)
+adds the row set with GPT-2's vocabulary, 50,304, on both sides over the same byte ids (nanoGPT:
+a meta.pkl of vocab_size 50304; dtcli: model.transformer.vocab_size=50304): the head and tied
+embedding are then a third of the model's FLOPs. With `--device gpu` the same shape on the GPU.
+`--dtcli-compile xla dtensor graph` adds a dtcli row `dtcli compile=X` per setting (with
+`--bf16-rows` a `dtcli bf16 compile=X` too), train.compile=X; a dtcli that does not know a
+setting refuses its recipe, and that row is reported as failed.
+
     python bench/nanogpt.py --torch-python /path/to/venv-with-torch/bin/python
     python bench/nanogpt.py --threads 1 2 --steps 200 --repeats 2 --no-compile-row
     python bench/nanogpt.py --threads 2 1 --byte-row        # and nanoGPT on dtcli's bytes
     python bench/nanogpt.py --widths 128 256 512 --threads 2      # docs/benchmarks.md's width sweep
     python bench/nanogpt.py --device gpu --steps 400 --repeats 1  # nanoGPT's GPU settings
     python bench/nanogpt.py --threads 2 1 --bf16-rows   # both in bfloat16 too (AMX CPUs)
+    python bench/nanogpt.py --shape gpt2-small --steps 40 --threads 2 1 --bf16-rows \
+        --vocab bytes gpt2 --dtcli-compile xla dtensor > gpt2.txt   # the last line: JSON
 
 ms/step: nanoGPT's own per-iteration time (its `iter N: ... time Xms` lines), the median after
 the first 10 iterations (compiling and the first evaluation); dtcli's from its metrics.jsonl,
-the training time of the stretches after the first (which holds the first call's compile).
+the training time of the stretches after the first (which holds the first call's compile), over
+their steps: both leave out the compiling start and every evaluation, nanoGPT's figure is a
+median of single steps (each ends with the loss read back), dtcli's a mean over 3/4 of the run
+(its host reads the losses once per call, as it ships).
 Threads (CPU): each run may use only `--threads N` cores (its CPU affinity); PyTorch is told N
 threads (OMP_NUM_THREADS/MKL_NUM_THREADS); TensorFlow's thread pools take their defaults from the
 cores it sees, as for a user. The first-step time of each (compile included) is printed too:
 `first s` of a row's first run, whose compiled code no cache held (dtcli's XLA cache and
 torch.compile's inductor cache are kept in the benchmark's temporary folder), and `warm`, the
 median of its later runs, which load what the first compiled. `dtcli/this`: dtcli's ms/step over
-the row's (above 1: dtcli is the slower).
+the row's (above 1: dtcli is the slower). `GF/step`: the model's training FLOPs per step by
+nanoGPT's formula (6 per matmul weight, the tied head once, plus attention: dtcli's
+models.transformer.flops_per_token, over the row's own vocabulary), `GFLOP/s` that over the
+row's time; bench/matmul_limit.py reads the JSON line to set them against TensorFlow's matmul
+rate.
 A row that fails prints why and the others go on. Prints a table and, last, one JSON line with
 every row.
 """
@@ -51,6 +73,8 @@ every row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import os
 import pickle
@@ -71,13 +95,21 @@ SHAKESPEARE = SHARED / "data" / "tinyshakespeare" / "input.txt"
 ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
 NANOGPT_VOCAB, DTCLI_VOCAB = 65, 256
 # nanoGPT's data folders: its own characters, and dtcli's bytes (the `--byte-row`).
-NANOGPT_DATA = {"chars": "shakespeare_char", "bytes": "shakespeare_bytes"}
+# `--vocab gpt2`: the same byte ids, nanoGPT's head as wide as GPT-2's (its meta.pkl's vocab_size).
+NANOGPT_DATA = {
+    "chars": "shakespeare_char",
+    "bytes": "shakespeare_bytes",
+    "gpt2": "shakespeare_gpt2",
+}
 BYTE_ROW = "nanoGPT bytes"
 # `--bf16-rows`: dtcli with train.precision=bf16, and nanoGPT's train.py with its one CPU line
 # changed so that, as on a GPU, the step runs under torch.amp.autocast (bfloat16) on the CPU.
 BF16_ROWS = ("dtcli bf16", "nanoGPT bf16 autocast")
 CPU_AUTOCAST = "train_cpu_autocast.py"
 CPU_CONTEXT = "ctx = nullcontext() if device_type == 'cpu' else "
+# --dtcli-compile: dtcli's train.compile settings (graph: a later dtcli's; an older one refuses
+# it at load, and the bench reports that row as failed).
+COMPILES = ("auto", "xla", "dtensor", "graph")
 
 
 @dataclass(frozen=True)
@@ -90,15 +122,34 @@ class Settings:
     layers: int
     heads: int
     dropout: float
+    width: int  # the default width (--widths sweeps others)
+    shape: str = "readme"  # --shape: nanoGPT's README settings, or "gpt2-small"
 
     def tokens_per_step(self) -> int:
         return self.batch * self.context
 
 
-CPU = Settings("cpu", batch=12, context=64, layers=4, heads=4, dropout=0.0)
+CPU = Settings("cpu", batch=12, context=64, layers=4, heads=4, dropout=0.0, width=128)
 # nanoGPT's config/train_shakespeare_char.py, as its README runs it on a GPU.
-GPU = Settings("gpu", batch=64, context=256, layers=6, heads=6, dropout=0.2)
-GPU_WIDTH = 384
+GPU = Settings("gpu", batch=64, context=256, layers=6, heads=6, dropout=0.2, width=384)
+# --shape gpt2-small: GPT-2 small's body (124 M parameters with GPT-2's vocabulary) at a context
+# and batch a 2-core CPU trains in about a second a step.
+GPT2_SMALL = Settings(
+    "cpu", batch=4, context=128, layers=12, heads=12, dropout=0.0, width=768, shape="gpt2-small"
+)
+SHAPES = ("readme", "gpt2-small")
+# --vocab: the vocabulary both sides' heads get. bytes: dtcli's 256 byte ids (on the README
+# shape nanoGPT's main rows keep their 65 characters, as its README trains); gpt2: GPT-2's
+# 50,304 (50,257 padded to a multiple of 64, as nanoGPT pads it) over the same byte ids.
+VOCAB_SIZES = {"chars": NANOGPT_VOCAB, "bytes": DTCLI_VOCAB, "gpt2": 50304}
+# gpt2-small: nanoGPT's evaluation batches (one evaluation, at iteration 0, before any timed
+# iteration) and dtcli's held-out share of the text (its evaluations fall between the timed
+# stretches): small, so that a GPT-2-small run spends its time on the steps it times.
+SHORT_EVAL_ITERS, SHORT_EVAL_FRACTION = 2, 0.005
+# The fewest steps per run: the README shape warms up for 100 (4 stretches follow); a
+# gpt2-small step takes a second or more on a CPU, so 20 (nanoGPT's median over its 11th
+# iteration on, dtcli's 3 stretches of 5 after the first).
+MIN_STEPS = {"readme": 120, "gpt2-small": 20}
 
 
 class RowFailed(Exception):
@@ -125,8 +176,9 @@ def prepare_nanogpt(work: Path, text: Path, nanogpt: Path) -> Path:
     meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": index}
     _write_dataset(repo / "data" / NANOGPT_DATA["chars"], char_ids, meta)
     byte_ids = np.frombuffer(text.read_bytes(), dtype=np.uint8).astype(np.uint16)
-    byte_meta = {"vocab_size": DTCLI_VOCAB, "itos": {}, "stoi": {}}
-    _write_dataset(repo / "data" / NANOGPT_DATA["bytes"], byte_ids, byte_meta)
+    for vocab in ("bytes", "gpt2"):
+        meta = {"vocab_size": VOCAB_SIZES[vocab], "itos": {}, "stoi": {}}
+        _write_dataset(repo / "data" / NANOGPT_DATA[vocab], byte_ids.copy(), meta)
     return repo
 
 
@@ -148,6 +200,9 @@ def thread_env(threads: int | None, cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["DTCLI_XLA_CACHE"] = str(cache)
+    # dtcli's cache folder too: `train.compile: auto`'s kept choice of compiler (the row's first
+    # run measures it, in its first step; later runs read it)
+    env["DTCLI_CACHE_DIR"] = str(cache)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     for key in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         env.pop(key, None)
@@ -178,6 +233,43 @@ def run(args: list[str], name: str, timeout: float, **kwargs) -> subprocess.Comp
     return done
 
 
+def warmup_steps(s: Settings, steps: int) -> int | None:
+    """Both sides' warmup on the gpt2-small shape (a run of tens of steps must end its warmup
+    before its last step); None on the README shape: each side's own (100 steps)."""
+    return None if s.shape == "readme" else min(100, steps // 4)
+
+
+def nanogpt_args(
+    s: Settings, steps: int, width: int, compile_: bool, vocab: str = "chars", bf16: bool = False
+) -> list[str]:
+    """nanoGPT's train.py command line (after the Python) for one run."""
+    args = [
+        CPU_AUTOCAST if bf16 else "train.py",
+        "config/train_shakespeare_char.py",
+        f"--dataset={NANOGPT_DATA[vocab]}",
+        f"--device={'cuda' if s.device == 'gpu' else 'cpu'}",
+        f"--compile={compile_}",
+        f"--eval_iters={20 if s.shape == 'readme' else SHORT_EVAL_ITERS}",
+        "--log_interval=1",
+        f"--max_iters={steps}",
+        f"--eval_interval={steps + 1000}",  # one evaluation, at iteration 0 (not timed)
+    ]
+    if s.device == "cpu" or s.shape != "readme":  # on a GPU the README's: the config file's
+        args += [
+            f"--block_size={s.context}",
+            f"--batch_size={s.batch}",
+            f"--n_layer={s.layers}",
+            f"--n_head={s.heads}",
+            f"--n_embd={width}",
+            f"--dropout={s.dropout}",
+        ]
+    if s.shape == "readme":
+        args += ["--lr_decay_iters=2000"] if s.device == "cpu" else []
+    else:
+        args += [f"--warmup_iters={warmup_steps(s, steps)}", f"--lr_decay_iters={steps}"]
+    return args + (["--dtype=bfloat16"] if bf16 else [])
+
+
 def run_nanogpt(
     repo: Path,
     python: str,
@@ -190,28 +282,7 @@ def run_nanogpt(
     vocab="chars",
     bf16=False,
 ):
-    args = [
-        python,
-        CPU_AUTOCAST if bf16 else "train.py",
-        "config/train_shakespeare_char.py",
-        f"--dataset={NANOGPT_DATA[vocab]}",
-        f"--device={'cuda' if s.device == 'gpu' else 'cpu'}",
-        f"--compile={compile_}",
-        "--eval_iters=20",
-        "--log_interval=1",
-        f"--max_iters={steps}",
-        f"--eval_interval={steps + 1000}",  # one evaluation, at iteration 0 (not timed)
-    ]
-    if s.device == "cpu":  # the README's CPU line; on a GPU the config file's own settings
-        args += [
-            f"--block_size={s.context}",
-            f"--batch_size={s.batch}",
-            f"--n_layer={s.layers}",
-            f"--n_head={s.heads}",
-            f"--n_embd={width}",
-            "--lr_decay_iters=2000",
-            f"--dropout={s.dropout}",
-        ] + (["--dtype=bfloat16"] if bf16 else [])
+    args = [python, *nanogpt_args(s, steps, width, compile_, vocab, bf16)]
     cache = repo.parent / f"cache-nanogpt-{compile_}-{vocab}-{width}-{threads}-{bf16}"
     env = thread_env(threads, cache)
     out = run(args, "nanoGPT", timeout, cwd=repo, env=env, preexec_fn=cores(threads))
@@ -222,41 +293,77 @@ def run_nanogpt(
     return statistics.median(times[10:]), times[0] / 1000, f"last loss {iters[-1].group(2)}"
 
 
-def run_dtcli(
-    work: Path, text: Path, s: Settings, threads, steps, width, compile_, timeout, bf16=False
-):
-    out_dir = work / f"dtcli-{time.monotonic_ns()}"
+def dtcli_sets(
+    s: Settings,
+    text: Path,
+    steps: int,
+    width: int,
+    compile_: str,
+    vocab: str = "bytes",
+    bf16: bool = False,
+) -> dict[str, object]:
+    """dtcli's --set overrides of recipes/tiny_gpt.yaml for one run: 4 stretches of steps."""
     stretch = steps // 4
-    sets = {
+    sets: dict[str, object] = {
         "data.path": text,
         "model.transformer.d_model": width,
         "train.steps": 4 * stretch,
         "train.eval_every": stretch,
         "train.checkpoint_every": 0,
     }
-    if s.device == "gpu":
+    if s.device == "gpu" or s.shape != "readme":  # the README's CPU shape is the recipe's own
         sets |= {
-            "devices": "gpu",
             "model.transformer.layers": s.layers,
             "model.transformer.heads": s.heads,
             "model.transformer.context": s.context,
             "model.transformer.dropout": s.dropout,
             "data.batch_size": s.batch,
-            "train.precision": "bf16",
-            "train.compile": compile_,
         }
-    elif bf16:
+    if s.shape != "readme":
+        sets |= {
+            "optimizer.warmup_steps": warmup_steps(s, steps),
+            "data.eval_fraction": SHORT_EVAL_FRACTION,
+            "data.eval_batch_size": s.batch,
+        }
+    if vocab == "gpt2":  # bytes read as ever; the tables (and the tied head) 50,304 rows
+        sets["model.transformer.vocab_size"] = VOCAB_SIZES["gpt2"]
+    if s.device == "gpu":
+        sets["devices"] = "gpu"
+    if s.device == "gpu" or bf16:
         sets["train.precision"] = "bf16"
+    if s.device == "gpu" or compile_ != "auto":
+        sets["train.compile"] = compile_
+    return sets
+
+
+def run_dtcli(
+    work: Path,
+    text: Path,
+    s: Settings,
+    threads,
+    steps,
+    width,
+    compile_,
+    timeout,
+    vocab="bytes",
+    bf16=False,
+):
+    out_dir = work / f"dtcli-{time.monotonic_ns()}"
+    sets = dtcli_sets(s, text, steps, width, compile_, vocab, bf16)
     args = [sys.executable, "-m", "dtcli", "train", str(ROOT / "recipes" / "tiny_gpt.yaml")]
     for key, value in sets.items():
         args += ["--set", f"{key}={value}"]
     args += ["--no-progress", "--out", str(out_dir)]
-    cache = work / f"cache-dtcli-{compile_}-{width}-{threads}-{bf16}"
+    cache = work / f"cache-dtcli-{compile_}-{vocab}-{width}-{threads}-{bf16}"
     env = thread_env(threads, cache)
-    run(args, f"dtcli (train.compile={compile_})", timeout, env=env, preexec_fn=cores(threads))
-    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        run(args, f"dtcli (train.compile={compile_})", timeout, env=env, preexec_fn=cores(threads))
+        lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    finally:  # a GPT-2-small run's checkpoint is a gigabyte or more
+        shutil.rmtree(out_dir, ignore_errors=True)
+    records = [json.loads(line) for line in lines]
     later = records[1:]
+    stretch = sets["train.eval_every"]
     seconds = sum(r["train_tokens"] / r["tokens_per_sec"] for r in later)
     ms = 1000 * seconds / (len(later) * stretch)
     first = records[0].get("compile_seconds", float("nan"))
@@ -299,7 +406,7 @@ def has_torch(python: str) -> bool:
     return proc.returncode == 0
 
 
-def main() -> None:
+def parser_of() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--torch-python", default=sys.executable, help="a Python with torch (default: this one)"
@@ -309,6 +416,21 @@ def main() -> None:
         choices=["cpu", "gpu"],
         default="cpu",
         help="cpu: nanoGPT's README CPU settings; gpu: its train_shakespeare_char.py",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="readme",
+        help="readme: --device's nanoGPT settings (default); gpt2-small: 12 layers, 768 wide, "
+        "12 heads, context 128, batch 4, no dropout",
+    )
+    parser.add_argument(
+        "--vocab",
+        choices=["bytes", "gpt2"],
+        nargs="+",
+        default=["bytes"],
+        help="one row set per vocabulary: bytes (256; nanoGPT's README rows keep their 65 "
+        "characters), gpt2 (50,304 on both sides; default: bytes)",
     )
     parser.add_argument(
         "--threads",
@@ -325,7 +447,10 @@ def main() -> None:
         help="model widths to sweep, the rest as --device sets it (default: its own width)",
     )
     parser.add_argument(
-        "--steps", type=int, default=200, help="steps per run (each row; default %(default)s)"
+        "--steps",
+        type=int,
+        default=200,
+        help="steps per run (each row; default %(default)s; at least 120, gpt2-small 20)",
     )
     parser.add_argument(
         "--repeats", type=int, default=2, help="alternated runs of each row (default %(default)s)"
@@ -346,6 +471,14 @@ def main() -> None:
         help="CPU: dtcli with train.precision=bf16 and nanoGPT under bfloat16 autocast",
     )
     parser.add_argument(
+        "--dtcli-compile",
+        nargs="+",
+        choices=COMPILES,
+        default=[],
+        help="more dtcli rows, `dtcli compile=X` with train.compile=X each (auto: the `dtcli` "
+        "row itself)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=1800, help="seconds a run may take (default %(default)s)"
     )
     parser.add_argument(
@@ -360,9 +493,16 @@ def main() -> None:
         default=NANOGPT,
         help="nanoGPT's repository (default: ../shared/peers/nanogpt)",
     )
-    args = parser.parse_args()
-    if args.steps < 120:
-        parser.error("--steps: at least 120 (both warm up for 100 steps; 4 stretches follow)")
+    return parser
+
+
+def settings_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
+    """The setting the arguments ask for; a bad argument ends the program (exit 2)."""
+    if args.steps < MIN_STEPS[args.shape]:
+        parser.error(
+            f"--steps: at least {MIN_STEPS[args.shape]} for --shape {args.shape} (nanoGPT's "
+            "first 10 are not timed; 4 stretches follow)"
+        )
     if min(args.threads) < 1:
         parser.error("--threads: each at least 1")
     if args.repeats < 1:
@@ -376,45 +516,61 @@ def main() -> None:
         parser.error(f"--text: no file {args.text}")
     if not (args.nanogpt / "train.py").is_file():
         parser.error(f"--nanogpt: no train.py in {args.nanogpt} (nanoGPT's repository)")
-
     if not has_torch(args.torch_python):
         parser.error(f"--torch-python: {args.torch_python} cannot import torch (nanoGPT's rows)")
     if args.bf16_rows and args.device == "gpu":
         parser.error("--bf16-rows: CPU only (on a GPU every row already runs bf16)")
-    s = GPU if args.device == "gpu" else CPU
+    if args.byte_row and args.shape != "readme":
+        parser.error(f"--byte-row: --shape {args.shape} trains nanoGPT on bytes already")
+    if args.shape == "gpt2-small":
+        s = dataclasses.replace(GPT2_SMALL, device=args.device)
+    else:
+        s = GPU if args.device == "gpu" else CPU
     if any(w < 1 or w % s.heads for w in args.widths or ()):
         parser.error(f"--widths: each a positive multiple of the {s.heads} heads")
+    return s
+
+
+def main() -> None:
+    parser = parser_of()
+    args = parser.parse_args()
+    s = settings_of(args, parser)
     gpu = gpu_peak() if s.device == "gpu" else None
     if gpu and gpu[0] == "unknown GPU":
         parser.error("--device gpu: nvidia-smi lists no NVIDIA GPU on this machine")
-    widths = args.widths or ([GPU_WIDTH] if s.device == "gpu" else [128])
+    widths = args.widths or [s.width]
     threads_list = [None] if s.device == "gpu" else args.threads
-    # (name, width, threads) -> each run's (ms/step, first step s, a loss to show)
-    rows: dict[tuple[str, int, int | None], list[tuple[float, float, str]]] = {}
+    names = row_names(s, args.no_compile_row, args.byte_row, args.bf16_rows, args.dtcli_compile)
+    # (name, vocab, width, threads) -> each run's (ms/step, first step s, a loss to show)
+    rows: dict[tuple[str, str, int, int | None], list[tuple[float, float, str]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-nanogpt-") as tmp:
         repo = prepare_nanogpt(Path(tmp), args.text, args.nanogpt)
         for repeat in range(args.repeats):
-            for width in widths:
-                for threads in threads_list:
-                    names = row_names(s, args.no_compile_row, args.byte_row, args.bf16_rows)
-                    for name in names:
-                        try:
-                            result = run_row(name, args, s, Path(tmp), repo, threads, width)
-                        except RowFailed as failed:
-                            print(f"  repeat {repeat + 1} {name}: {failed}", flush=True)
-                            continue
-                        rows.setdefault((name, width, threads), []).append(result)
-                        print(
-                            f"  repeat {repeat + 1} {name:24s} width {width} threads "
-                            f"{threads or '-'}: {result[0]:.1f} ms/step, first {result[1]:.1f} s, "
-                            f"{result[2]}",
-                            flush=True,
-                        )
+            for vocab, width, threads in itertools.product(args.vocab, widths, threads_list):
+                for name in names:
+                    if name == BYTE_ROW and vocab != "bytes":
+                        continue
+                    try:
+                        result = run_row(name, args, s, Path(tmp), repo, threads, width, vocab)
+                    except RowFailed as failed:
+                        print(f"  repeat {repeat + 1} {name} ({vocab}): {failed}", flush=True)
+                        continue
+                    rows.setdefault((name, vocab, width, threads), []).append(result)
+                    print(
+                        f"  repeat {repeat + 1} {name:24s} {vocab} width {width} threads "
+                        f"{threads or '-'}: {result[0]:.1f} ms/step, first {result[1]:.1f} s, "
+                        f"{result[2]}",
+                        flush=True,
+                    )
     report(rows, s, gpu)
 
 
 def row_names(
-    s: Settings, no_compile_row: bool, byte_row: bool = False, bf16_rows: bool = False
+    s: Settings,
+    no_compile_row: bool,
+    byte_row: bool = False,
+    bf16_rows: bool = False,
+    dtcli_compiles: list[str] = (),
 ) -> list[str]:
     if s.device == "gpu":  # nanoGPT's GPU default compiles; dtcli's one-device default is XLA
         names = ["dtcli", "nanoGPT", "nanoGPT compile=False", "dtcli compile=dtensor"]
@@ -422,19 +578,38 @@ def row_names(
     else:
         names = ["nanoGPT", "dtcli"] + ([] if no_compile_row else ["nanoGPT compile=True"])
         names += list(BF16_ROWS) if bf16_rows else []
+    for compile_ in dtcli_compiles:
+        if compile_ == "auto":  # the `dtcli` row (and `dtcli bf16`) itself
+            continue
+        more = [f"dtcli compile={compile_}"]
+        more += [f"dtcli bf16 compile={compile_}"] if bf16_rows else []
+        names += [name for name in more if name not in names]
     return names + ([BYTE_ROW] if byte_row else [])
 
 
-def run_row(name, args, s: Settings, work: Path, repo: Path, threads, width):
+def run_row(name, args, s: Settings, work: Path, repo: Path, threads, width, vocab="bytes"):
     t = args.timeout
-    bf16 = name in BF16_ROWS
+    bf16 = name.startswith("dtcli bf16") or name == BF16_ROWS[1]
     if name.startswith("dtcli"):
-        compile_ = "dtensor" if name.endswith("dtensor") else "auto"
-        return run_dtcli(work, args.text, s, threads, args.steps, width, compile_, t, bf16)
+        compile_ = name.split("compile=")[1] if "compile=" in name else "auto"
+        return run_dtcli(work, args.text, s, threads, args.steps, width, compile_, t, vocab, bf16)
     compiled = name.endswith("compile=True") or (s.device == "gpu" and name == "nanoGPT")
-    vocab = "bytes" if name == BYTE_ROW else "chars"
+    data = nanogpt_data(name, vocab, s)
     python = args.torch_python
-    return run_nanogpt(repo, python, s, threads, args.steps, width, compiled, t, vocab, bf16)
+    return run_nanogpt(repo, python, s, threads, args.steps, width, compiled, t, data, bf16)
+
+
+def nanogpt_data(name: str, vocab: str, s: Settings) -> str:
+    """The data folder (NANOGPT_DATA's key) of a nanoGPT row in the row set of `vocab`: on the
+    README shape the bytes set's main rows train on nanoGPT's own characters."""
+    if vocab == "bytes" and s.shape == "readme" and name != BYTE_ROW:
+        return "chars"
+    return vocab
+
+
+def row_vocab(name: str, vocab: str, s: Settings) -> int:
+    """The model vocabulary (its output head's width) a row trains with."""
+    return VOCAB_SIZES[vocab if name.startswith("dtcli") else nanogpt_data(name, vocab, s)]
 
 
 def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> None:
@@ -442,36 +617,45 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
     if gpu:
         print(f"\n{gpu[0]}, dense bf16 peak {gpu[1] or float('nan'):.3g} FLOP/s")
     print(
-        f"\n{'run':24s} {'width':>5s} {'threads':>7s} {'ms/step':>8s} {'tokens/s':>10s} "
-        f"{'first s':>8s} {'warm':>6s} {'dtcli/this':>10s}" + (f" {'MFU':>6s}" if gpu else "")
+        f"\n{'run':24s} {'vocab':>6s} {'width':>5s} {'threads':>7s} {'ms/step':>8s} "
+        f"{'tokens/s':>10s} {'GF/step':>8s} {'GFLOP/s':>8s} {'first s':>8s} {'warm':>6s} "
+        f"{'dtcli/this':>10s}" + (f" {'MFU':>6s}" if gpu else "")
     )
-    for (name, width, threads), results in rows.items():
+    for (name, vocab, width, threads), results in rows.items():
         ms = statistics.median(r[0] for r in results)
         first = results[0][1]  # the first run's: compiled from nothing
         warm = statistics.median(r[1] for r in results[1:]) if len(results) > 1 else float("nan")
-        dtcli_ms = median_ms(rows, "dtcli", width, threads)
+        dtcli_ms = median_ms(rows, "dtcli", vocab, width, threads)
         tokens = s.tokens_per_step() * 1000 / ms
+        vocab_size = row_vocab(name, vocab, s)
+        step_flops = flops_per_token(s, width, vocab_size) * s.tokens_per_step()
+        flops = step_flops * 1000 / ms
         row = {
             "run": name,
             "device": s.device,
+            "shape": s.shape,
+            "layers": s.layers,
+            "heads": s.heads,
+            "context": s.context,
+            "batch": s.batch,
             "width": width,
+            "vocab": vocab_size,
             "threads": threads,
             "ms_per_step": round(ms, 2),
             "tokens_per_sec": round(tokens),
+            "flops_per_step": step_flops,
+            "gflops_per_sec": round(flops / 1e9, 2),
             "first_step_s": round(first, 2),
             "warm_first_step_s": None if len(results) == 1 else round(warm, 2),
             "dtcli_ratio": round(dtcli_ms / ms, 3),
             "runs_ms": [round(r[0], 2) for r in results],
         }
         line = (
-            f"{name:24s} {width:5d} {threads or '-':>7} {ms:8.1f} {round(tokens):10,d} "
-            f"{first:8.1f} {'-' if len(results) == 1 else f'{warm:.1f}':>6s} "
-            f"{row['dtcli_ratio']:10.2f}"
+            f"{name:24s} {vocab_size:6d} {width:5d} {threads or '-':>7} {ms:8.1f} "
+            f"{round(tokens):10,d} {step_flops / 1e9:8.2f} {flops / 1e9:8.1f} {first:8.1f} "
+            f"{'-' if len(results) == 1 else f'{warm:.1f}':>6s} {row['dtcli_ratio']:10.2f}"
         )
         if gpu:
-            bytes_ = name.startswith("dtcli") or name == BYTE_ROW
-            vocab = DTCLI_VOCAB if bytes_ else NANOGPT_VOCAB
-            flops = flops_per_token(s, width, vocab) * tokens
             row |= {"gpu": gpu[0], "flops_per_sec": flops}
             if gpu[1]:
                 row["mfu"] = round(flops / gpu[1], 4)
@@ -483,25 +667,26 @@ def report(rows: dict, s: Settings, gpu: tuple[str, float | None] | None) -> Non
     print(json.dumps({"rows": table}))
 
 
-def median_ms(rows: dict, name: str, width: int, threads: int | None) -> float:
+def median_ms(rows: dict, name: str, vocab: str, width: int, threads: int | None) -> float:
     """A row's median ms/step over its runs; nan where it has none (it failed or was not run)."""
-    results = rows.get((name, width, threads))
+    results = rows.get((name, vocab, width, threads))
     return statistics.median(r[0] for r in results) if results else float("nan")
 
 
 def bf16_ratios(rows: dict) -> list[str]:
     """With `--bf16-rows`: dtcli bf16's ms/step over nanoGPT's (float32, its CPU line) and over
-    nanoGPT's under bf16 autocast, per width and thread count (above 1: dtcli is the slower)."""
+    nanoGPT's under bf16 autocast, per vocabulary, width and thread count (above 1: dtcli is
+    the slower)."""
     lines = []
-    for name, width, threads in rows:
+    for name, vocab, width, threads in rows:
         if name != BF16_ROWS[0]:
             continue
-        mine = median_ms(rows, name, width, threads)
-        peer = median_ms(rows, "nanoGPT", width, threads)
-        peer_bf16 = median_ms(rows, BF16_ROWS[1], width, threads)
+        mine = median_ms(rows, name, vocab, width, threads)
+        peer = median_ms(rows, "nanoGPT", vocab, width, threads)
+        peer_bf16 = median_ms(rows, BF16_ROWS[1], vocab, width, threads)
         lines.append(
-            f"dtcli bf16 width {width} threads {threads}: {mine / peer:.2f} of nanoGPT's "
-            f"ms/step, {mine / peer_bf16:.2f} of nanoGPT bf16 autocast's"
+            f"dtcli bf16 {vocab} width {width} threads {threads}: {mine / peer:.2f} of "
+            f"nanoGPT's ms/step, {mine / peer_bf16:.2f} of nanoGPT bf16 autocast's"
         )
     return lines
 

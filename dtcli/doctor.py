@@ -99,6 +99,7 @@ def _env_flags() -> list[Check]:
         ),
     ]
     checks.append(_xla_cache())
+    checks.append(_compile_choices())
     nccl = os.environ.get("DTENSOR_GPU_USE_NCCL_COMMUNICATION")
     checks.append(
         Check(
@@ -152,6 +153,20 @@ def _xla_cache() -> Check:
         f"steps from here instead of compiling them; GPU steps are not kept; at most "
         f"{tfruntime.XLA_CACHE_LIMIT / 2**30:.0f} GB, '{name}=off' turns it off)",
     )
+
+
+def _compile_choices() -> Check:
+    """What `train.compile: auto` measured and kept for this CPU (session/choice.py)."""
+    from dtcli.session import choice
+
+    path, host = choice.choices_path(), tfruntime.host_key(os.environ)
+    mine = [e for k, e in choice.read_choices(path).items() if k.startswith(f"{host}/")]
+    shown = "; ".join(
+        f"{e.get('compiler')} ({e.get('xla_ms')} ms a step with XLA, {e.get('graph_ms')} "
+        f"without, {float(e.get('flops') or 0) / 1e9:.0f} GFLOP a step)"
+        for e in mine
+    )
+    return Check("compile choices", True, f"{len(mine)} kept for this CPU in {path}: {shown}")
 
 
 def _devices(spec: str) -> tuple[Check, devices_lib.Devices]:

@@ -49,26 +49,46 @@ def data_shards(axes: dict[str, int], data_axis: str) -> int:
     return 1 if data_axis == UNSHARDED else axes[data_axis]
 
 
+# What compiles a run's steps (mesh.step_compiler): XLA on plain variables, TensorFlow's own
+# kernels on plain variables (a graph without XLA), or DTensor on a mesh.
+XLA, GRAPH, DTENSOR = "xla", "graph", "dtensor"
+PLAIN = (XLA, GRAPH)  # the compilers of a one-device run without a mesh
+
+
+def step_compiler(
+    setting: str, axes: dict[str, int], clients: int = 1, bf16_cpu: bool = False
+) -> str:
+    """What compiles the steps for train.compile `setting`: `xla` or `graph` (plain variables,
+    no mesh) only on a mesh of one device in one process, where no SPMD is needed; DTensor's
+    `jit_compile` compiles nothing and its XLA SPMD is TPU-only (DTENSOR_NOTES), so a bigger
+    mesh stays on DTensor.
+
+    `auto` on one device: XLA, except `bf16_cpu`, bf16 steps on a CPU whose matmul units take
+    bfloat16 (cpuinfo.runs_bf16). There `auto` takes TensorFlow's own kernels (`graph`):
+    XLA:CPU converts every bf16 dot to float32, while oneDNN runs them on AMX (tiny_gpt in bf16
+    on a 2-core Xeon, alternated: 512 wide 229 ms a step against 382 through XLA; 128 wide on 1
+    thread 45-54 against 74; 128 wide on 2 threads 44 against 42, the one shape measured where
+    XLA's fusion wins). A float32 run's `auto` may still pick `graph` per CPU and shape
+    (steps.choice measures both once and keeps the answer)."""
+    one = math.prod(axes.values()) == 1 and clients == 1
+    if setting in PLAIN and not one:
+        raise UsageError(
+            f"recipe key 'train.compile': {setting} compiles a mesh of one device in one "
+            f"process, not mesh {mesh_text(axes)}"
+            f"{f' over {clients} clients' if clients > 1 else ''} (use auto or dtensor)"
+        )
+    if setting != "auto":
+        return setting
+    if not one:
+        return DTENSOR
+    return GRAPH if bf16_cpu else XLA
+
+
 def compiles_with_xla(
     setting: str, axes: dict[str, int], clients: int = 1, bf16_cpu: bool = False
 ) -> bool:
-    """Whether the steps compile with XLA on plain variables (train.compile `setting`): only a
-    mesh of one device in one process, where no SPMD is needed. DTensor's `jit_compile` compiles
-    nothing and its XLA SPMD is TPU-only (DTENSOR_NOTES), so a bigger mesh stays on DTensor.
-
-    `bf16_cpu`: bf16 steps on a CPU whose matmul units take bfloat16 (cpuinfo.runs_bf16). There
-    `auto` keeps TensorFlow's own kernels: XLA:CPU converts every bf16 dot to float32, while
-    oneDNN runs them on AMX (tiny_gpt in bf16 on a 2-core Xeon, alternated: 512 wide 229 ms a
-    step against 382 through XLA; 128 wide on 1 thread 45-54 against 74; 128 wide on 2 threads
-    44 against 42, the one shape measured where XLA's fusion wins)."""
-    one = math.prod(axes.values()) == 1 and clients == 1
-    if setting == "xla" and not one:
-        raise UsageError(
-            f"recipe key 'train.compile': xla compiles a mesh of one device in one process, not "
-            f"mesh {mesh_text(axes)}{f' over {clients} clients' if clients > 1 else ''} (use auto "
-            "or dtensor)"
-        )
-    return setting == "xla" or (setting == "auto" and one and not bf16_cpu)
+    """Whether the steps compile with XLA on plain variables (step_compiler)."""
+    return step_compiler(setting, axes, clients, bf16_cpu) == XLA
 
 
 def check_batch(axes: dict[str, int], data_axis: str, batch_size: int, key: str) -> None:

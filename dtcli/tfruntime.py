@@ -81,7 +81,7 @@ def xla_cache_problem(folder: Path) -> str | None:
 # same steps loads them instead of compiling (measured, tiny_gpt.yaml on 2 cores: the first step
 # 4.8 -> 2.9 s; about 30 MB a recipe). TensorFlow keys an entry by the step's HLO and signature,
 # checks the HLO when it loads one, and writes each entry atomically (a temporary file renamed).
-# Its key does not name the CPU nor XLA_FLAGS, so the folder does (see _host_key): a home folder
+# Its key does not name the CPU nor XLA_FLAGS, so the folder does (see host_key): a home folder
 # shared by machines of other CPUs never hands one a binary built for another. CPU only: a GPU
 # entry is keyed by its device type alone, and GPUs of a cluster differ. Kept in dtcli's cache
 # folder (DTCLI_CACHE_DIR, else $XDG_CACHE_HOME/dtcli, else ~/.cache/dtcli, as calibrations)
@@ -101,7 +101,7 @@ def xla_cache_dir(environ: Mapping[str, str]) -> Path | None:
     if value.lower() in _OFF:
         return None
     base = Path(value).expanduser().absolute() if value else cache_root(environ) / "xla"
-    return base / _host_key(environ)
+    return base / host_key(environ)
 
 
 def cache_root(environ: Mapping[str, str]) -> Path:
@@ -113,7 +113,7 @@ def cache_root(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "dtcli"
 
 
-def _host_key(environ: Mapping[str, str]) -> str:
+def host_key(environ: Mapping[str, str]) -> str:
     """TensorFlow's version, the CPU (model and instruction sets), XLA_FLAGS, an intra-op
     thread count set by environment and the cores this process may use (its affinity: XLA:CPU
     splits loops into as many parts when it compiles): what may decide the machine code of an

@@ -47,6 +47,10 @@ def test_nanogpt_reads_the_text_as_its_characters_and_as_dtclis_bytes(tmp_path):
     bytes_ = repo / "data" / "shakespeare_bytes"
     assert pickle.loads((bytes_ / "meta.pkl").read_bytes())["vocab_size"] == 256
     np.testing.assert_array_equal(read_ids(bytes_), np.frombuffer(text.read_bytes(), np.uint8))
+    # --vocab gpt2: the same byte ids under a head as wide as GPT-2's.
+    gpt2 = repo / "data" / "shakespeare_gpt2"
+    assert pickle.loads((gpt2 / "meta.pkl").read_bytes())["vocab_size"] == 50304
+    np.testing.assert_array_equal(read_ids(gpt2), read_ids(bytes_))
     # The same 90/10 cut for both.
     cut = int(0.9 * len(text.read_bytes()))
     assert np.fromfile(bytes_ / "train.bin", dtype=np.uint16).size == cut

@@ -208,3 +208,27 @@ def test_doctor_refuses_bad_devices_before_starting_tensorflow(spec):
     with pytest.raises(UsageError, match=r"^--devices: expected cpu, cpu:N, gpu"):
         doctor_lib.run(spec, console=Console(file=said))
     assert said.getvalue() == ""  # nothing started, nothing said
+
+
+def test_doctor_lists_the_compile_choices_kept_for_this_cpu(monkeypatch, tmp_path):
+    """What `train.compile: auto` measured and kept (session/choice.py), this CPU's alone."""
+    import json
+
+    from dtcli import doctor as doctor_lib
+    from dtcli import tfruntime
+    from dtcli.session import choice
+
+    monkeypatch.setenv("DTCLI_CACHE_DIR", str(tmp_path))
+    assert doctor_lib._compile_choices().detail.startswith("0 kept for this CPU")
+    host = tfruntime.host_key(os.environ)
+    entry = {"compiler": "graph", "xla_ms": 1350.0, "graph_ms": 1264.0, "flops": 2.68e11}
+    other = {**entry, "compiler": "xla"}
+    kept = {f"{host}/abc": entry, "tf0-another-cpu/abc": other}
+    choice.choices_path().write_text(json.dumps(kept))
+    detail = doctor_lib._compile_choices().detail
+    path = tmp_path / choice.CHOICES_FILE
+    assert detail == (
+        f"1 kept for this CPU in {path}: graph (1350.0 ms a step with XLA, 1264.0 without, "
+        "268 GFLOP a step)"
+    )
+    assert "xla (" not in detail  # another CPU's choice is not this one's

@@ -11,7 +11,7 @@ for every token instead, as any other language model (`model.build`) always does
 (temperature 0) is the same with and without the cache and on every mesh.
 
 On one device both passes run on plain variables compiled by XLA, each once (their shapes never
-change), as `train` and `eval` run there (`train.compile`, mesh.compiles_with_xla); a bigger
+change), as `train` and `eval` run there (`train.compile`, mesh.step_compiler); a bigger
 mesh runs them on DTensor. (On DTensor a decode step pays the executor's fixed cost on each of
 its few hundred small ops, ~4.5 ms a token for tiny_gpt whatever the context; XLA fuses them.)
 
@@ -143,7 +143,7 @@ class Generator:
         cached = settings.cache and self.can_cache
         forward = self.forward_for(cached, rows)
         picker = _Picker(settings, len(ids), vocab)
-        stats = self.stats = Stats(0, 0.0, cached, self.session.xla)
+        stats = self.stats = Stats(0, 0.0, cached, self.session.compiler)
         start = time.perf_counter()
         with ctrl_c.held() as pressed:
             for first in range(0, len(ids), rows):

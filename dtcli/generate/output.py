@@ -12,6 +12,13 @@ from typing import Any, TextIO
 from dtcli import progress as progress_lib
 from dtcli.generate.settings import Settings, check_options
 
+# How the passes ran, by session.compiler (mesh.step_compiler).
+_RUNS_ON = {
+    "xla": ", compiled by XLA",
+    "graph": ", on TensorFlow's own kernels",
+    "dtensor": ", on DTensor",
+}
+
 
 @dataclass
 class Stats:
@@ -24,7 +31,7 @@ class Stats:
     tokens: int
     seconds: float
     cache: bool
-    xla: bool = False  # compiled by XLA (one device), else run on DTensor
+    compiler: str = "dtensor"  # what runs the passes: xla, graph (one device) or dtensor
     steps: int = 0
     warm_seconds: float = 0.0  # the first WARM steps'
     warm_tokens: int = 0
@@ -49,7 +56,7 @@ class Stats:
 
     def line(self) -> str:
         how = "with the KV cache" if self.cache else "without a cache"
-        how += ", compiled by XLA" if self.xla else ", on DTensor"
+        how += _RUNS_ON[self.compiler]
         # No steady rate when no step followed the first WARM (a short request).
         steady = (
             f"{self.steady:.1f} after the first {self.WARM} steps, which took "

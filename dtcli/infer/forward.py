@@ -67,9 +67,10 @@ class CachedForward:
         self.gpt = decode.CachedGPT(
             session.model.module,
             recipe.model.transformer,
-            session.mesh,  # None: plain variables, compiled by XLA
+            session.mesh,  # None: plain variables
             recipe.layouts.data_axis,
             decode.heads_axis(session.plans, gather),
+            jit=session.xla,
         )
         self.packer = session.packer
         self.rows = rows

@@ -53,7 +53,15 @@ class CachedGPT:
     transformer.build; `mesh`: its DTensor mesh, or None for plain variables compiled by XLA;
     `data_axis`: the mesh axis the batch of prompts is split along."""
 
-    def __init__(self, model: Any, cfg: TransformerConfig, mesh: Any, data_axis: str, heads: str):
+    def __init__(
+        self,
+        model: Any,
+        cfg: TransformerConfig,
+        mesh: Any,
+        data_axis: str,
+        heads: str,
+        jit: bool = True,
+    ):
         import tensorflow as tf
 
         self.cfg = cfg
@@ -71,8 +79,9 @@ class CachedGPT:
         plain = mesh is None
         self.layout = None if plain else to_layout((data_axis, heads, UNSHARDED, UNSHARDED), mesh)
         # autograph=False: these are straight-line ops (like dtcli's steps). jit_compile only
-        # on plain variables: on a mesh it compiles nothing and is not harmless (DTENSOR_NOTES).
-        jit = True if plain else None
+        # on plain variables (`jit`: unless train.compile is graph): on a mesh it compiles
+        # nothing and is not harmless (DTENSOR_NOTES).
+        jit = True if plain and jit else None
         self.prefill = tf.function(self._prefill, autograph=False, jit_compile=jit)
         self.decode = tf.function(self._decode, autograph=False, jit_compile=jit)
 

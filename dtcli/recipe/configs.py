@@ -328,13 +328,14 @@ class TrainConfig:
     # bf16: the matmuls of dtcli's GPT and Core MLPs run in bfloat16; master weights, optimizer
     # state, LayerNorm, softmax, the loss and checkpoints stay float32.
     precision: Literal["float32", "bf16"] = "float32"
-    # How the steps compile. auto: XLA where the mesh is one device of one process (plain
-    # variables, no SPMD needed; the same numbers, checkpoints and plan), DTensor otherwise,
-    # and for bf16 on a CPU with AMX or AVX512-BF16 (XLA:CPU computes bf16 dots in float32;
-    # TensorFlow's oneDNN kernels run them on the CPU's bf16 units).
-    # xla: XLA, refused on a mesh of more than one device (DTensor's XLA SPMD is TPU-only).
+    # How the steps compile. auto: on a mesh of one device of one process plain variables (no
+    # SPMD needed; the same numbers, checkpoints and plan) compiled by XLA, or run on
+    # TensorFlow's own kernels for bf16 on a CPU with AMX or AVX512-BF16 (XLA:CPU computes bf16
+    # dots in float32; oneDNN runs them on the CPU's bf16 units); DTensor on a bigger mesh.
+    # xla: XLA; graph: TensorFlow's own kernels without XLA (fused Adam); both refused on a mesh
+    # of more than one device (DTensor's XLA SPMD is TPU-only).
     # dtensor: DTensor's own compilation on any mesh (one device included).
-    compile: Literal["auto", "xla", "dtensor"] = "auto"
+    compile: Literal["auto", "xla", "graph", "dtensor"] = "auto"
     # A language model's lm-evaluation-harness tasks, run after each evaluation (null: none).
     eval_tasks: EvalTasksConfig | None = None
 

@@ -195,16 +195,17 @@ def checkpoint_recipe(
     """The recipe stored with a checkpoint, with command-line overrides, checked for `command`
     (eval, generate, score or export: recipe.COMMANDS), which keeps the checkpoint's model.
 
-    `train.compile: xla` says how that run trained (on one device); read onto another mesh
-    (`--mesh`, `--devices`) it is `auto`, XLA where that mesh is one device, so a checkpoint of
-    an XLA run evaluates and generates on any mesh, as every other checkpoint does. (A
+    `train.compile: xla` (or `graph`) says how that run trained (on one device); read onto
+    another mesh (`--mesh`, `--devices`) it is `auto`, plain variables where that mesh is one
+    device, so a checkpoint of such a run evaluates and generates on any mesh, as every other
+    checkpoint does. (A
     `--set train.compile=xla` is the user's own: it is checked against the mesh.)"""
     raw = ckpt_lib.read_meta(checkpoint)["recipe"]
     if not isinstance(raw, dict):
         raise ckpt_lib.DamagedCheckpoint(checkpoint, "its recipe is not a mapping")
     train = raw.get("train")
     moved = overrides.mesh is not None or overrides.devices is not None
-    if moved and isinstance(train, dict) and train.get("compile") == "xla":
+    if moved and isinstance(train, dict) and train.get("compile") in ("xla", "graph"):
         raw = {**raw, "train": {**train, "compile": "auto"}}
     if batch_size is not None:
         if batch_size < 1:

@@ -12,6 +12,8 @@ any mesh. train (the loop), eval, doctor and bench import this package; it impor
     evaluation.py  `evaluate`: loss and accuracy (perplexity, bits per byte) over a split
     restore.py     `restored_session`: a checkpoint restored on a mesh without data (generate,
                    score); `restore_model`: a checkpoint's model into a session (eval too)
+    choice.py      `auto` on one CPU device: XLA or TensorFlow's own kernels, measured once per
+                   CPU and shape and kept
     finetune.py    a fine-tuning run's base: its weights loaded, a LoRA checkpoint's base
                    named by its files' digests and checked before the adapters are restored
 """

@@ -17,6 +17,7 @@ from dtcli import pipeline as pipeline_lib
 from dtcli import recipe as recipe_lib
 from dtcli.errors import UsageError
 from dtcli.recipe import Recipe
+from dtcli.session import choice as choice_lib
 
 
 @dataclass
@@ -41,16 +42,23 @@ class Session:
     compiled: bool = False
     # A LoRA run's base as its checkpoints name it (session.finetune.base_record), once loaded.
     base: dict[str, Any] | None = None
+    # What compiles the steps (mesh.step_compiler): xla or graph on plain variables (`mesh`
+    # None), dtensor on a mesh.
+    compiler: str = mesh_lib.DTENSOR
+    # `auto`'s measured choice of compiler for this CPU and shape (session.choice), if any, and
+    # the seconds this process spent measuring it (counted into the first step's compile time).
+    choice: dict[str, Any] | None = None
+    probe_seconds: float = 0.0
 
     @property
     def local_device_count(self) -> int:
-        """The devices this process computes on: the mesh's local ones (XLA: the one)."""
+        """The devices this process computes on: the mesh's local ones (plain: the one)."""
         return 1 if self.mesh is None else self.mesh.num_local_devices()
 
     @property
     def xla(self) -> bool:
         """Whether the steps compile with XLA on plain variables (train.compile; `mesh` None)."""
-        return self.mesh is None
+        return self.compiler == mesh_lib.XLA
 
     def checkpoint_objects(self) -> dict[str, Any]:
         """What a checkpoint holds: the model (a LoRA run's adapters alone), the optimizer."""
@@ -89,8 +97,9 @@ def prepare(
     trains = command == "train" and "train" in splits
     dataset = _load_data(recipe, splits, tokenizer_file, trains)
     plans, initial = models.weight_plans(recipe, dataset.input_shape, dataset.num_classes, axes)
-    mesh = _mesh(recipe, axes, devices, cluster, use_devices)
-    built, optimizer = _model_on_mesh(recipe, dataset, mesh, plans, initial)
+    compiler = _compiler(recipe, axes, devices, cluster)
+    mesh = _mesh(compiler, axes, devices, cluster, use_devices)
+    built, optimizer = _model_on_mesh(recipe, dataset, mesh, plans, initial, compiler)
     resolved = recipe_lib.replace(recipe, command=command, mesh=axes, devices=devices.text)
     packer = (
         pipeline_lib.Packer(mesh, recipe.layouts.data_axis) if mesh else pipeline_lib.PlainPacker()
@@ -100,21 +109,15 @@ def prepare(
     placed = None
     if "train" in splits and place_on_device(recipe.data, dataset.train, devices.local_count):
         placed = packer.place(dataset.train.x), packer.place(dataset.train.y)
-    return Session(
-        resolved,
-        devices,
-        axes,
-        mesh,
-        dataset,
-        plans,
-        built,
-        optimizer,
-        packer,
+    feeds = (
         _train_feed(recipe, dataset.train, packer, placed is not None),
         eval_feed(recipe, dataset.eval, packer),
-        cluster,
-        placed,
     )
+    parts = (dataset, plans, built, optimizer)
+    session = Session(resolved, devices, axes, mesh, *parts, packer, *feeds)
+    session.cluster, session.placed, session.compiler = cluster, placed, compiler
+    choice_lib.settle(session, probe=trains)
+    return session
 
 
 def _load_data(
@@ -131,21 +134,31 @@ def _load_data(
     return dataset
 
 
-def _mesh(
+def _compiler(
     recipe: Recipe,
+    axes: dict[str, int],
+    devices: devices_lib.Devices,
+    cluster: cluster_lib.Cluster | None,
+) -> str:
+    """What compiles the steps (mesh.step_compiler)."""
+    clients = 1 if cluster is None else cluster.num_clients
+    return mesh_lib.step_compiler(
+        recipe.train.compile, axes, clients, bf16_cpu(recipe, devices.device_type)
+    )
+
+
+def _mesh(
+    compiler: str,
     axes: dict[str, int],
     devices: devices_lib.Devices,
     cluster: cluster_lib.Cluster | None,
     use_devices: int | None,
 ) -> Any:
-    """The DTensor mesh of `axes`, or None where one device compiles with XLA (plain variables
-    on the one device, no mesh): training, evaluation and generation alike."""
-    clients = 1 if cluster is None else cluster.num_clients
-    xla = mesh_lib.compiles_with_xla(
-        recipe.train.compile, axes, clients, bf16_cpu(recipe, devices.device_type)
-    )
-    if xla:
-        tfruntime.open_xla_cache()
+    """The DTensor mesh of `axes`, or None where one device runs on plain variables (XLA, or
+    TensorFlow's own kernels): training, evaluation and generation alike."""
+    if compiler in mesh_lib.PLAIN:
+        if compiler == mesh_lib.XLA:
+            tfruntime.open_xla_cache()
         return None
     return mesh_lib.build_mesh(
         axes, devices.device_type, distributed=cluster is not None, count=use_devices
@@ -154,17 +167,23 @@ def _mesh(
 
 def bf16_cpu(recipe: Recipe, device_type: str) -> bool:
     """Whether the recipe's steps run bf16 matmuls on a CPU that takes bfloat16 natively
-    (mesh.compiles_with_xla keeps them off XLA there)."""
+    (mesh.step_compiler keeps them off XLA there)."""
     return recipe.train.precision == "bf16" and device_type == "CPU" and cpuinfo.runs_bf16()
 
 
 def _model_on_mesh(
-    recipe: Recipe, dataset: data_lib.Dataset, mesh: Any, plans: list, initial: dict
+    recipe: Recipe,
+    dataset: data_lib.Dataset,
+    mesh: Any,
+    plans: list,
+    initial: dict,
+    compiler: str,
 ) -> tuple[models.Built, Any]:
     """The model built on the mesh (None: plain variables on the one device), and its
     optimizer with its slots made (a restore fills them)."""
     built = models.build(recipe, dataset.input_shape, dataset.num_classes, mesh, plans, initial)
-    optimizer = optimizers.make(built.api, recipe.optimizer, mesh)
+    fused = compiler == mesh_lib.GRAPH
+    optimizer = optimizers.make(built.api, recipe.optimizer, mesh, fused=fused)
     trainable = {id(v) for v in built.trainable_variables}
     no_decay = [
         var

@@ -42,10 +42,11 @@ def make_steps(session: Engine) -> tuple[Any, Any]:
     autograph = model.needs_autograph
     # A one-device run (session.xla) compiles both with XLA: the K steps, the optimizer and
     # the loss become a few fused kernels instead of thousands of op launches (see
-    # bench/nanogpt.py). DTensor's own jit_compile compiles nothing (DTENSOR_NOTES).
-    xla = session.packer.mesh is None
+    # bench/nanogpt.py); `graph` runs them on TensorFlow's own kernels. DTensor's own
+    # jit_compile compiles nothing (DTENSOR_NOTES).
+    xla = session.xla
     # On a mesh the two hold their DTensor lowerings together, one make_steps' at a time.
-    steps = None if xla else MeshSteps()
+    steps = None if session.packer.mesh is None else MeshSteps()
     return tuple(
         Compiled(lambda fn=fn: tf.function(fn, autograph=autograph, jit_compile=xla or None), steps)
         for fn in (train_call, eval_step)
@@ -140,9 +141,9 @@ def xla_refusal(session: Engine) -> Iterator[None]:
         yield
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
         text = str(exc)
-        if session.packer.mesh is not None or not ("XLA" in text or "unsupported op" in text):
+        if not session.xla or not ("XLA" in text or "unsupported op" in text):
             raise
         raise UsageError(
             f"recipe key 'train.compile': XLA cannot compile this model ({one_line(exc)}); "
-            "set train.compile=dtensor"
+            "set train.compile=graph (TensorFlow's own kernels) or dtensor"
         ) from None

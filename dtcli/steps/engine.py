@@ -22,6 +22,11 @@ class Engine(Protocol):
     placed: tuple[Any, Any] | None
     cluster: Any
 
+    @property
+    def xla(self) -> bool:
+        """Whether the steps compile with XLA (plain variables, no mesh)."""
+        ...
+
 
 # What the train call returns for each step, read back once per call (the last two only
 # where the recipe schedules or clips, see make_steps).

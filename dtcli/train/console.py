@@ -46,15 +46,25 @@ def header(console: Any, session: Session, run_dir: Path) -> None:
 
 
 def steps_note(session: Session) -> str:
-    """How a one-device run's steps run, where the header says: XLA, or bf16 on TensorFlow's
-    own kernels where the setting alone would compile with XLA: the only reason it does not is
-    bf16 on a CPU that takes it (mesh.compiles_with_xla)."""
+    """How a one-device run's steps run, where the header says: XLA, or TensorFlow's own
+    kernels (train.compile graph, or `auto` for bf16 on a CPU that takes it)."""
+    measured = ""
+    if session.choice is not None:  # auto's choice (session/choice.py)
+        c = session.choice
+        other = "graph" if session.xla else "xla"
+        when = "measured now" if session.probe_seconds else f"measured {c.get('measured', '?')}"
+        measured = (
+            f": {c.get(f'{session.compiler}_ms')} ms a step against "
+            f"{c.get(f'{other}_ms')} {'without' if session.xla else 'with'} XLA here, {when}, "
+            "kept for this CPU and shape"
+        )
     if session.xla:
-        return " (steps compiled by XLA)"
-    setting = session.recipe.train.compile
-    if mesh_lib.compiles_with_xla(setting, session.axes, session.devices.clients):
+        return f" (steps compiled by XLA{measured})"
+    if session.compiler != mesh_lib.GRAPH:
+        return ""
+    if session.recipe.train.compile == "auto" and not measured:
         return " (bf16 steps on TensorFlow's oneDNN kernels: XLA:CPU computes bf16 in float32)"
-    return ""
+    return f" (steps on TensorFlow's own kernels, no XLA{measured})"
 
 
 def parameter_count(plans: list[Any]) -> int:
