@@ -238,18 +238,21 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=2, help="alternated runs (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="the initial weights' torch seed")
-    parser.add_argument("--meshes", nargs="+", choices=[m[0] for m in MESHES], default=None)
+    names = [m[0] for m in MESHES]
+    parser.add_argument("--meshes", nargs="+", choices=names, default=names, help="(default: both)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds a run may take")
     parser.add_argument("--text", type=Path, default=SHAKESPEARE, help="the training text")
     parser.add_argument("--nanogpt", type=Path, default=NANOGPT, help="nanoGPT's repository")
     parser.add_argument("--json", action="store_true", help="one JSON line last")
     args = parser.parse_args()
+    dp = max(m[1] for m in MESHES if m[0] in args.meshes)
+    tp = max(m[2] for m in MESHES if m[0] in args.meshes)
     checks = [
         (args.layers >= 1, "--layers: at least 1"),
-        (args.heads >= 1 and args.heads % 4 == 0, "--heads: a multiple of 4 (the model axis)"),
+        (args.heads >= 1 and args.heads % tp == 0, f"--heads: a multiple of {tp} (model axis)"),
         (args.width >= 1 and args.width % args.heads == 0, "--width: a multiple of --heads"),
         (args.context >= 1, "--context: at least 1"),
-        (args.batch >= 1 and args.batch % 2 == 0, "--batch: even (batch=2 splits it in two)"),
+        (args.batch >= 1 and args.batch % dp == 0, f"--batch: a multiple of {dp} (batch axis)"),
         (args.stretch >= 1, "--stretch: at least 1"),
         (args.steps >= 2 * args.stretch, "--steps: at least 2 stretches (the first is not timed)"),
         (args.steps % args.stretch == 0, "--steps: a multiple of --stretch"),
@@ -278,7 +281,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    meshes = [m for m in MESHES if args.meshes is None or m[0] in args.meshes]
+    meshes = [m for m in MESHES if m[0] in args.meshes]
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-tp-peer-") as tmp:
         try:
@@ -324,7 +327,8 @@ def report(args: argparse.Namespace, meshes: list, results: dict) -> None:
         row = row_of(name, dp, tp, mine, peer)
         rows.append(row)
         print(
-            f"{name:16s} {row['dtcli_ms']:9.1f} {row['torch_ms']:9.1f} {row['ratio']:11.2f} "
+            f"{name:16s} {row['dtcli_ms']:9.1f} {row['torch_ms']:9.1f} "
+            f"{row['dtcli_over_torch']:11.2f} "
             f"{row['dtcli_first_step_s']:13.2f} {row['torch_first_step_s']:13.2f} "
             f"{row['loss_rel_diff']:13.2e}"
         )
@@ -347,7 +351,7 @@ def row_of(name: str, dp: int, tp: int, mine: list[dict], peer: list[dict]) -> d
         "dtcli_ms": round(dtcli_ms, 2),
         "torch_ms": round(torch_ms, 2),
         "loss_rel_diff": float(f"{diff:.3g}"),
-        "ratio": round(dtcli_ms / torch_ms, 3),
+        "dtcli_over_torch": round(dtcli_ms / torch_ms, 3),
         # The same gradients (their norms before clipping) and the same schedule: dtcli's
         # logged norms and rates against the torch side's.
         "grad_norm_rel_diff": float(

@@ -53,14 +53,14 @@ class SplitAttention(nn.Module):
     """nanoGPT's CausalSelfAttention with q, k, v as three Linear layers: on a rank of a
     tensor-parallel group it holds `heads` of the model's heads (its columns of q, k, v)."""
 
-    def __init__(self, width: int, heads: int):
+    def __init__(self, width: int, heads: int, head_dim: int):
         super().__init__()
         self.q = nn.Linear(width, width)
         self.k = nn.Linear(width, width)
         self.v = nn.Linear(width, width)
         self.c_proj = nn.Linear(width, width)
         self.heads = heads
-        self.head_dim = None  # set by from_fused: width // the model's head count
+        self.head_dim = head_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x may be a replicated DTensor (the plan's PrepareModuleInput); q/k/v give local shards.
@@ -94,8 +94,7 @@ def build_model(nanogpt: Path, hf_dir: Path, heads_per_rank: int | None = None) 
     gpt = nanogpt_model.GPT(config)
     width, heads = cfg["n_embd"], cfg["n_head"]
     for block in gpt.transformer.h:
-        block.attn = SplitAttention(width, heads_per_rank or heads)
-        block.attn.head_dim = width // heads
+        block.attn = SplitAttention(width, heads_per_rank or heads, width // heads)
         block.mlp.gelu = nn.GELU(approximate="tanh")
     gpt.load_state_dict(mapped_state(load_file(str(hf_dir / "model.safetensors"))), strict=True)
     return gpt

@@ -53,8 +53,7 @@ def test_attention_split_by_heads_sums_to_the_whole(folder):
     parts = []
     with torch.no_grad():
         for rank in range(2):
-            part = tp_peer_torch.SplitAttention(32, heads=2)
-            part.head_dim = whole.head_dim
+            part = tp_peer_torch.SplitAttention(32, heads=2, head_dim=whole.head_dim)
             rows = slice(16 * rank, 16 * (rank + 1))
             # A rank's shapes after the plan's sharding: q/k/v [16, 32], c_proj [32, 16].
             part.q, part.k, part.v = (torch.nn.Linear(32, 16) for _ in range(3))
