@@ -19,13 +19,15 @@ tokenizer.json is dtcli's own byte tokenizer. The same batches: dtcli's training
 from the permutation dtcli.pipeline.epoch_order makes for it), written to a file the torch
 side reads. The same optimizer: the recipe's AdamW, schedule (its first `--steps` steps: decay
 over the recipe's own train.steps) and clipping; float32; no dropout. The first step's loss is
-the initial weights' on the first batch: equal on both sides (~1e-7) shows the same start.
+the initial weights' on the first batch: equal on both sides (~1e-7) shows the same start. The
+recipe's evaluation reads the last 1% of the text (not timed; the training windows are the rest).
 
 Model size: tiny_gpt_tensor_parallel.yaml's (4 layers, 128 wide, 4 heads, context 64, batch
 12), the model dtcli ships a tensor-parallel recipe for; `--width 512` (or more `--layers`)
 makes the matmuls, not the dispatch, the step: both sides' figures at both sizes say how each
-scales. `--steps 48` (3 stretches of 16, dtcli's steps_per_call as the recipe ships it) keeps
-the whole bench (2 meshes, `--repeats 2`) to a few minutes on 2 cores.
+scales. `--steps 48` (3 stretches of 16, dtcli's steps_per_call as the recipe ships it): the
+whole bench (2 meshes, `--repeats 2`) took 10 minutes on a 2-core machine that others shared
+(dtcli's first call on 8 virtual CPUs is most of it).
 
     python bench/tp_peer.py --torch-python /path/to/venv-with-torch/bin/python
     python bench/tp_peer.py --torch-python PY --width 512 --repeats 3 --json
@@ -37,7 +39,10 @@ bench/nanogpt.py reads it), torch's from rank 0's timer around its loop. Medians
 repeats. Threads: dtcli runs N virtual CPUs on the machine's cores with TensorFlow's default
 pools; torch N processes of one thread each (torch.set_num_threads(1)). `dtcli/torch`: the
 ratio of the medians (above 1: dtcli is the slower). `loss rel diff`: the largest relative
-difference of the two tools' per-step training losses over the steps (float32: ~1e-5 or less).
+difference of the two tools' per-step training losses over the steps (float32: ~1e-5 or less;
+measured 6e-7 to 9e-7). The JSON rows add the same for the gradient norms before clipping
+(`grad_norm_rel_diff`) and the learning rates (`lr_rel_diff`), the first step's loss alone
+(`first_loss_rel_diff`: the same weights and batch), each run's ms/step and the threads.
 Tensor parallelism over virtual CPUs on a few cores measures dispatch and collectives on one
 host, not what either tool does on GPUs. Prints a table and, with `--json`, one JSON line last.
 """

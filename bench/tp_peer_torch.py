@@ -17,8 +17,9 @@ rank a mix of q, k and v columns: silently wrong attention), and its GELU the ta
 (GPT-2's gelu_new). The tensor-parallel plan per block: q, k, v column-wise (each rank its
 n_head / tp heads), attn.c_proj row-wise, mlp.c_fc column-wise, mlp.c_proj row-wise; the
 attention's input prepared once as a replicated DTensor, so the backward all-reduces its
-gradient once for q, k and v together (Megatron's `f`); embeddings, LayerNorms and the tied
-head replicated. With a data-parallel mesh dim (`dp` > 1) every gradient is averaged over it
+gradient once for q, k and v together (Megatron's `f`: 4 all-reduces a block per forward and
+backward, counted with torch.profiler; 6 without it); embeddings, LayerNorms and the tied head
+replicated. With a data-parallel mesh dim (`dp` > 1) every gradient is averaged over it
 in one flat all-reduce (as DDP's bucket does) before clipping, so each step trains on the mean
 over the global batch, as dtcli's does.
 
