@@ -1,9 +1,11 @@
 """dtcli's Adam / AdamW update is tf-keras' own, to the bit (it only computes the step's scalars
-once instead of per weight), on plain variables and on a mesh with split weights; and the
-gradient norm summed once per split kind is tf.linalg.global_norm. In this process, on the
-session's 8 virtual CPUs."""
+once instead of per weight, and reads and writes each variable once), on plain variables and on
+a mesh with split weights; and the gradient norm, one all-reduce on a mesh, is
+tf.linalg.global_norm. In this process, on the session's 8 virtual CPUs."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -100,3 +102,28 @@ def test_the_gradient_norm_summed_once_per_split_is_the_global_norm(cpu8):
     got = float(tf.function(optimizers.global_norm)(grads[0], weights))
     want = float(tf.linalg.global_norm(plain_grads[0]))
     assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_the_update_reads_and_writes_each_weight_and_slot_once_on_a_mesh(cpu8):
+    """On a mesh every read and write is an op on every device; reading a slot back after its
+    write is also what DTensor's all-reduce combining pass may reorder (steps/step.py)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    mesh = dtensor.create_mesh([("batch", 2), ("model", 2)], device_type="CPU", devices=[
+        f"CPU:{i}" for i in range(4)])  # fmt: skip
+    weights, grads = weights_and_grads(mesh)
+    optimizer = optimizers.KerasOptimizer(OptimizerConfig(name="adamw", weight_decay=0.1), mesh)
+    optimizer.build(weights, [weights[2]])
+    rate = dtensor.copy_to_mesh(tf.constant(0.01), dtensor.Layout.replicated(mesh, 0))
+    step = tf.function(lambda g, r: optimizer.apply(g, weights, r))
+    graph = step.get_concrete_function(grads[0], rate).graph
+    handles = {id(inner): outer for outer, inner in graph.captures}
+    uses: dict[int, Counter] = {}  # by variable handle: the ops taking it
+    for op in graph.get_operations():
+        for handle in op.inputs:
+            if id(handle) in handles:
+                uses.setdefault(id(handles[id(handle)]), Counter())[op.type] += 1
+    impl = optimizer.impl
+    for variable in [*weights, *impl._momentums, *impl._velocities]:
+        assert uses[id(variable.handle)] == {"ReadVariableOp": 1, "AssignVariableOp": 1}
