@@ -127,3 +127,41 @@ def test_the_update_reads_and_writes_each_weight_and_slot_once_on_a_mesh(cpu8):
     impl = optimizer.impl
     for variable in [*weights, *impl._momentums, *impl._velocities]:
         assert uses[id(variable.handle)] == {"ReadVariableOp": 1, "AssignVariableOp": 1}
+
+
+def test_the_gradient_norm_is_one_all_reduce_whatever_each_gradient_is_split_on(cpu8, tmp_path):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    mesh = dtensor.create_mesh([("batch", 2), ("model", 2)], device_type="CPU", devices=[
+        f"CPU:{i}" for i in range(4)])  # fmt: skip
+    u = "unsharded"
+    splits = [  # FSDP x TP's kernels both ways round, norms, replicated and model-only weights
+        ([4, 6], ["batch", "model"]),
+        ([6, 4], ["model", "batch"]),
+        ([4, 2, 3], ["batch", "model", u]),
+        ([2, 3, 4], ["model", u, "batch"]),
+        ([4], ["batch"]),
+        ([3, 4], [u, u]),
+        ([5, 6], [u, "model"]),
+    ]
+    rng = np.random.default_rng(1)
+    values = [rng.normal(size=shape).astype(np.float32) for shape, _ in splits]
+    grads = [dtensor.relayout(dtensor.copy_to_mesh(value, dtensor.Layout.replicated(
+        mesh, value.ndim)), dtensor.Layout(specs, mesh)) for value, (_, specs) in zip(
+        values, splits)]  # fmt: skip
+    weights = [dtensor.DVariable(g) for g in grads]
+    norm = tf.function(optimizers.global_norm)
+    norm(grads, weights)  # traced and lowered before the trace
+    tf.profiler.experimental.start(str(tmp_path))
+    got = float(norm(grads, weights))
+    tf.profiler.experimental.stop()
+
+    want = np.sqrt(sum(np.sum(np.square(v.astype(np.float64))) for v in values))
+    assert got == pytest.approx(want, rel=1e-6)
+    # The all-reduces the lowered program holds, by name (a trace may show one more than once).
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(next(tmp_path.glob("plugins/profile/*/*.xplane.pb")).read_bytes())
+    names = {m.name for p in space.planes for m in p.event_metadata.values()}
+    assert len({n for n in names if n.endswith(":CollectiveReduceV2")}) == 1
