@@ -13,11 +13,13 @@ import pytest
 from dtcli import optimizers
 from dtcli.recipe import OptimizerConfig
 
-# [4, 6] split on its columns, [6] on `model`, [3, 4] replicated: every kind of split.
+# [4, 6] split on its columns, [6] on `model`, [3, 4] replicated: every kind of split; and a
+# second [4, 6] like the first (on a mesh the update stacks like weights).
 SHAPES = {
     "kernel": ([4, 6], ["unsharded", "model"]),
     "bias": ([6], ["model"]),
     "norm": ([3, 4], []),
+    "kernel_2": ([4, 6], ["unsharded", "model"]),
 }
 
 
@@ -104,9 +106,11 @@ def test_the_gradient_norm_summed_once_per_split_is_the_global_norm(cpu8):
     assert got == pytest.approx(want, rel=1e-6)
 
 
-def test_the_update_reads_and_writes_each_weight_and_slot_once_on_a_mesh(cpu8):
-    """On a mesh every read and write is an op on every device; reading a slot back after its
-    write is also what DTensor's all-reduce combining pass may reorder (steps/step.py)."""
+def test_the_update_reads_and_writes_each_weight_and_slot_once_and_stacks_like_ones_on_a_mesh(
+    cpu8,
+):
+    """On a mesh every op runs on every device; reading a slot back after its write is also
+    what DTensor's all-reduce combining pass may reorder (steps/step.py)."""
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
@@ -127,6 +131,8 @@ def test_the_update_reads_and_writes_each_weight_and_slot_once_on_a_mesh(cpu8):
     impl = optimizer.impl
     for variable in [*weights, *impl._momentums, *impl._velocities]:
         assert uses[id(variable.handle)] == {"ReadVariableOp": 1, "AssignVariableOp": 1}
+    # The two like kernels updated as one: a sqrt for Adam's step size, one per group.
+    assert [op.type for op in graph.get_operations()].count("Sqrt") == 1 + 3
 
 
 def test_the_gradient_norm_is_one_all_reduce_whatever_each_gradient_is_split_on(cpu8, tmp_path):
