@@ -6,9 +6,11 @@
     python bench/top_ops.py /tmp/tp --steps 32     # the steps the run said it traced
 
 Reads the run's TensorBoard profile (`tensorboard/plugins/profile/*/*.xplane.pb`, the newest)
-with TensorFlow's own XPlane protobuf, so it needs no profiler plugin. Each host-thread event is
-one op execution (or an executor phase: Run, Process, ...); times are wall-clock spans summed
-over threads, so with more threads than cores they include time a thread waited for a core.
+with TensorFlow's own XPlane protobuf, so it needs no profiler plugin. Each host-thread event
+named "name:Type" is one op execution (or an executor phase: Run, Process, ...); the runtime's
+own events (ThreadpoolListener::..., MemoryAllocation, ...) are left out: they vary from run to
+run (counted before 2026-11-27, they made about half of the total). Times are wall-clock spans
+summed over threads, so with more threads than cores they include time a thread waited for a core.
 On a multi-device mesh each virtual device runs its own copy of each op: `--devices N` divides
 the counts per device. Counts are exact; use them to compare two variants' op executions and
 collectives, and bench/variants.py for their speed.
@@ -37,6 +39,15 @@ PHASES = {
 }
 
 
+def op_type(name: str) -> str | None:
+    """An event's op type, from its "name:Type"; None for the runtime's own events: bare names
+    (MemoryAllocation, FunctionRun, ...) and names with "::" (ThreadpoolListener::Record,
+    ...), about as many as the ops and varying from run to run, so no op executions."""
+    if "::" in name or ":" not in name:
+        return None
+    return name.rsplit(":", 1)[-1]
+
+
 def trace_of(run: Path) -> Path:
     traces = sorted(run.glob("tensorboard/plugins/profile/*/*.xplane.pb"))
     if not traces:
@@ -58,8 +69,9 @@ def op_totals(trace: Path) -> tuple[collections.Counter, collections.Counter]:
         names = plane.event_metadata
         for line in plane.lines:
             for event in line.events:
-                # "name:Type" for TensorFlow ops; the bare name for runtime phases.
-                kind = names[event.metadata_id].name.rsplit(":", 1)[-1]
+                kind = op_type(names[event.metadata_id].name)
+                if kind is None:
+                    continue
                 spans[kind] += event.duration_ps
                 counts[kind] += 1
     return spans, counts

@@ -12,7 +12,9 @@ the first call's compile seconds and the final eval loss.
 
 The recipe's own settings hold unless a variant or `--set` changes them; `--steps` sets
 train.steps and train.eval_every (one evaluation, at the end). `--env NAME:VAR=VALUE` sets an
-environment variable for one variant's runs (XLA_FLAGS, say). A run that fails is counted and its
+environment variable for one variant's runs (XLA_FLAGS, say); `--tree NAME:DIR` runs one
+variant's `dtcli train` in DIR, another checkout of dtcli (another commit: `git archive COMMIT
+| tar -x -C DIR`), so two commits alternate on the same machine. A run that fails is counted and its
 error line shown, and the rounds go on: a variant's figures are the medians of its runs that
 trained, and `trained` says how many did (whether bf16 steps go NaN on a GPU, say, is a count over
 repeats). Exit 1 when any run failed. Last line: one JSON object.
@@ -20,6 +22,8 @@ repeats). Exit 1 when any run failed. Last line: one JSON object.
     python bench/variants.py recipes/tiny_gpt.yaml --steps 200 --repeats 5 \
         --set devices=gpu --set train.precision=bf16 --variant default: \
         --variant no-autotune: --env no-autotune:XLA_FLAGS=--xla_gpu_autotune_level=0
+    python bench/variants.py recipes/gpt_fsdp_tp.yaml --steps 8 --repeats 3 \
+        --variant before: --tree before:/tmp/before --variant after:
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
-def run_once(recipe: str, sets: list[str], steps: int, out: Path, env: dict[str, str]) -> dict:
-    """One `dtcli train` run's figures, or {"error": its last error line} when it failed."""
+def run_once(
+    recipe: str, sets: list[str], steps: int, out: Path, env: dict[str, str], tree: Path = ROOT
+) -> dict:
+    """One `dtcli train` run's figures, or {"error": its last error line} when it failed.
+    `tree`: the checkout whose dtcli runs (`python -m` imports the working folder's first)."""
     args = [sys.executable, "-m", "dtcli", "train", recipe, "--out", str(out), "--no-progress"]
     for value in [f"train.steps={steps}", f"train.eval_every={steps}", *sets]:
         args += ["--set", value]
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tree, env={**os.environ, **env})
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()] or ["(no output)"]
         errors = [line for line in lines if line.startswith("error")]
@@ -85,6 +92,20 @@ def parse_variants(texts: list[str], envs: list[str]) -> list[tuple[str, list[st
     return variants
 
 
+def parse_trees(texts: list[str], names: list[str]) -> dict[str, Path]:
+    """The checkout per `--tree NAME:DIR` (DIR holding dtcli/); ValueError, naming the argument,
+    for no such variant or a DIR without dtcli."""
+    trees = {}
+    for text in texts:
+        name, colon, folder = text.partition(":")
+        if not colon or name not in names:
+            raise ValueError(f"--tree {text!r}: expected NAME:DIR of a --variant's NAME")
+        if not (Path(folder) / "dtcli" / "__init__.py").is_file():
+            raise ValueError(f"--tree {text!r}: {folder!r} holds no dtcli/__init__.py")
+        trees[name] = Path(folder).resolve()
+    return trees
+
+
 def summarize(runs: list[dict]) -> dict:
     """Medians over the runs that trained, how many did, and the failed runs' errors."""
     good = [run for run in runs if "error" not in run]
@@ -102,6 +123,7 @@ def main() -> None:
     parser.add_argument("recipe")
     parser.add_argument("--variant", action="append", required=True, help="NAME:key=v,key=v")
     parser.add_argument("--env", action="append", default=[], help="NAME:VAR=VALUE")
+    parser.add_argument("--tree", action="append", default=[], help="NAME:DIR")
     parser.add_argument("--set", action="append", default=[], dest="sets")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
@@ -112,6 +134,7 @@ def main() -> None:
         parser.error(f"--repeats {args.repeats}: expected at least 1")
     try:
         variants = parse_variants(args.variant, args.env)
+        trees = parse_trees(args.tree, [name for name, _, _ in variants])
     except ValueError as exc:
         parser.error(str(exc))
     common = list(args.sets)
@@ -122,7 +145,10 @@ def main() -> None:
         for r in range(args.repeats):
             for name, sets, env in variants:
                 out = Path(tmp) / f"{name}-{r}"
-                results[name].append(run_once(args.recipe, common + sets, args.steps, out, env))
+                tree = trees.get(name, ROOT)
+                results[name].append(
+                    run_once(args.recipe, common + sets, args.steps, out, env, tree)
+                )
                 print(name, r, json.dumps(results[name][-1]), flush=True)
     summary = {name: summarize(runs) for name, runs in results.items()}
     for name, s in summary.items():

@@ -539,3 +539,30 @@ def test_a_padded_checkpoint_restores_unpadded_on_any_mesh(padded_runs, tmp_path
         assert result["examples"] == expected["examples"] == 256
         assert result["loss"] == pytest.approx(expected["loss"], rel=1e-6), mesh
         assert result["accuracy"] == expected["accuracy"], mesh
+
+
+def test_a_cpu_mesh_gathers_a_bf16_weight_in_float32_and_casts_after(cpu8):
+    """DTensor runs a CPU mesh's collectives in float32, casting a bfloat16 tensor to float32
+    and back around its all-gather: gathered in float32, the weight saves those two casts."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    from dtcli.models.compute import Compute
+
+    mesh = dtensor.create_mesh([("batch", 2), ("model", 2)], device_type="CPU", devices=[
+        f"CPU:{i}" for i in range(4)])  # fmt: skip
+    value = np.arange(24, dtype=np.float32).reshape(4, 6) / 7
+    whole = dtensor.copy_to_mesh(value, dtensor.Layout.replicated(mesh, 2))
+    weight = dtensor.DVariable(dtensor.relayout(whole, dtensor.Layout(["batch", "model"], mesh)))
+    compute = Compute(gather_axis="batch", bf16=True)
+    read = tf.function(lambda: compute.weight(weight))
+
+    ops = read.get_concrete_function().graph.get_operations()
+    relayouts = [op for op in ops if op.type == "Relayout"]
+    assert [op.inputs[0].dtype for op in relayouts] == [tf.float32]
+    got = read()
+    assert got.dtype == tf.bfloat16
+    assert dtensor.fetch_layout(got).sharding_specs == ["unsharded", "model"]
+    want = tf.cast(tf.constant(value), tf.bfloat16).numpy()
+    whole_got = dtensor.relayout(got, dtensor.Layout.replicated(mesh, 2))
+    assert np.array_equal(dtensor.unpack(whole_got)[0].numpy(), want)

@@ -16,7 +16,7 @@ restore learns the shape and layout it reads from the variable it assigns to,
 tensorflow/dtensor/mlir/checkpoint_shape_inference.cc), so each device holds the weight whole
 for the moment of a save or restore.
 
-This module imports TensorFlow: only models/core.py and optimizers.py import it, inside the
+This module imports TensorFlow: only models/core.py and optimizers/ import it, inside the
 functions that build variables.
 """
 

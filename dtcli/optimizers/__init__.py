@@ -4,6 +4,10 @@ Both expose `apply(grads, variables, learning_rate)` and an integer step variabl
 (`iterations`) that lives on the mesh: the Adam bias correction and the learning-rate schedule
 read it inside the compiled step, so they advance every call (a Python number there would be
 frozen at trace time, as in the seed tutorial).
+
+    norm.py    the global gradient norm: one all-reduce on a mesh
+    update.py  Adam's update: term for term as tf-keras' (like weights stacked on a mesh), or as
+               TensorFlow's fused kernels (plain variables without XLA)
 """
 
 from __future__ import annotations
@@ -12,7 +16,18 @@ import math
 import re
 from typing import Any
 
+from dtcli.optimizers.norm import global_norm
+from dtcli.optimizers.update import (
+    adam_alpha,
+    adam_powers,
+    adam_update,
+    adam_update_like,
+    fused_adam_update,
+    like_weights,
+)
 from dtcli.recipe import OptimizerConfig
+
+__all__ = ["adam_update", "global_norm", "learning_rate_at", "make"]
 
 
 def learning_rate_at(cfg: OptimizerConfig, step: Any, total_steps: int) -> Any:
@@ -40,101 +55,6 @@ def learning_rate_at(cfg: OptimizerConfig, step: Any, total_steps: int) -> Any:
 # The optimizer state each kind keeps per trainable weight, each a copy of the weight with its
 # layout. SGD with and without momentum keep different slots (a resume may not switch).
 _SLOTS = {"sgd": ("momentum",), "adam": ("m", "v"), "adamw": ("m", "v")}
-
-
-def global_norm(grads: list, variables: list) -> Any:
-    """sqrt of the sum of squares of every gradient, as tf.linalg.global_norm, with one sum
-    over the mesh for all gradients split the same way: each gradient is first summed over
-    its unsplit dims (on each device, no collective), and the parts of the same shape and
-    split (e.g. every [heads] or [hidden] part on `model`) are stacked and summed once. On a
-    mesh each sum over a split dim is an all-reduce: a GPT's 4 blocks cost one or two
-    instead of one per kernel, and nothing the size of a weight is copied."""
-    import tensorflow as tf
-
-    groups: dict[tuple, list] = {}
-    for grad, variable in zip(grads, variables):
-        layout = getattr(variable, "layout", None)
-        specs = list(layout.sharding_specs) if layout is not None else []
-        kept = [dim for dim, spec in enumerate(specs) if spec != "unsharded"]
-        summed = [dim for dim in range(len(grad.shape)) if dim not in kept]
-        if layout is None:  # plain variables: one fused kernel, sum(g^2) / 2 (27 -> 21 ms a
-            part = 2 * tf.nn.l2_loss(grad)  # step for the GPT-2-small shape without XLA)
-        else:
-            square = tf.square(grad)
-            part = tf.reduce_sum(square, axis=summed) if summed else square
-        key = (tuple(grad.shape[dim] for dim in kept), tuple(specs[dim] for dim in kept))
-        groups.setdefault(key, []).append(part)
-    sums = [tf.reduce_sum(tf.stack(parts)) for parts in groups.values()]
-    return tf.sqrt(tf.add_n(sums))
-
-
-def adam_alpha(cfg: OptimizerConfig, lr: Any, step: Any) -> Any:
-    """Adam's step size at 1-based step `step` (float32), both bias corrections in it, as
-    tf-keras computes it: once per step, shared by every weight's update."""
-    import tensorflow as tf
-
-    beta_1_power = tf.pow(tf.constant(cfg.beta_1, tf.float32), step)
-    beta_2_power = tf.pow(tf.constant(cfg.beta_2, tf.float32), step)
-    return lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-
-
-def adam_update(cfg: OptimizerConfig, grad: Any, variable: Any, m: Any, v: Any, alpha: Any) -> None:
-    """One weight's Adam update on its slots m and v, tf-keras' dense update term for term."""
-    import tensorflow as tf
-
-    m.assign_add((grad - m) * (1 - cfg.beta_1))
-    v.assign_add((tf.square(grad) - v) * (1 - cfg.beta_2))
-    variable.assign_sub((m * alpha) / (tf.sqrt(v) + cfg.epsilon))
-
-
-def fused_adam_update(
-    cfg: OptimizerConfig,
-    grad: Any,
-    variable: Any,
-    m: Any,
-    v: Any,
-    lr: Any,
-    powers: tuple,
-    decay: bool,
-) -> None:
-    """One weight's AdamW step as TensorFlow's fused CPU/GPU kernels, for plain variables run
-    without XLA (train.compile graph): the decay as one multiply, `var * (1 - lr * wd)` (tf-keras:
-    `var - var * wd * lr`, equal but for rounding), then `ResourceApplyAdam`, whose kernel
-    updates m, v and the weight in one pass over them with adam_update's terms (alpha = lr *
-    sqrt(1 - beta_2^t) / (1 - beta_1^t), from `powers`, (beta_1^t, beta_2^t)), but for
-    `1 - beta`, which the kernel computes in float32: 1 - float32(0.999) is 0.0009999871, 1.3e-5
-    off 0.001, so the second moments differ by that much (0.99: 9e-7). Op by op the same
-    update passes over each weight-sized array about 15 times: on the GPT-2-small shape's 85 M
-    weights (2 cores of a Xeon, alone) 107 ms a step against 273; the decay as
-    ResourceApplyGradientDescent took 123 (its read of the weight makes the kernel copy it).
-    DTensor cannot lower these kernels (an LLVM error in its Sqrt inference), and XLA fuses the
-    op-by-op update by itself (161 ms)."""
-    import tensorflow as tf
-
-    if decay:
-        variable.assign(variable * (1 - lr * cfg.weight_decay))
-    tf.raw_ops.ResourceApplyAdam(
-        var=variable.handle,
-        m=m.handle,
-        v=v.handle,
-        beta1_power=powers[0],
-        beta2_power=powers[1],
-        lr=lr,
-        beta1=tf.constant(cfg.beta_1, tf.float32),
-        beta2=tf.constant(cfg.beta_2, tf.float32),
-        epsilon=tf.constant(cfg.epsilon, tf.float32),
-        grad=grad,
-    )
-
-
-def adam_powers(cfg: OptimizerConfig, step: Any) -> tuple[Any, Any]:
-    """(beta_1^t, beta_2^t) at 1-based step `step` (float32)."""
-    import tensorflow as tf
-
-    return (
-        tf.pow(tf.constant(cfg.beta_1, tf.float32), step),
-        tf.pow(tf.constant(cfg.beta_2, tf.float32), step),
-    )
 
 
 def slot_names(cfg: OptimizerConfig) -> tuple[str, ...]:
@@ -255,14 +175,20 @@ class KerasOptimizer:
             impl.iterations.assign_add(1)
             return
         alpha = adam_alpha(cfg, lr, step)
-        if cfg.name == "adamw" and cfg.weight_decay:
-            wd = tf.constant(cfg.weight_decay, tf.float32)
-            for variable in variables:
-                if impl._use_weight_decay(variable):
-                    variable.assign_sub(variable * wd * lr)
-        for grad, variable in zip(grads, variables):
-            index = impl._index_dict[impl._var_key(variable)]
-            adam_update(cfg, grad, variable, impl._momentums[index], impl._velocities[index], alpha)
+        decays = cfg.name == "adamw" and cfg.weight_decay
+        decayed = [bool(decays) and impl._use_weight_decay(v) for v in variables]
+        wd = tf.constant(cfg.weight_decay, tf.float32)
+        for group in like_weights(variables, decayed):
+            slots = [impl._index_dict[impl._var_key(variables[i])] for i in group]
+            adam_update_like(
+                cfg,
+                [grads[i] for i in group],
+                [variables[i] for i in group],
+                [impl._momentums[j] for j in slots],
+                [impl._velocities[j] for j in slots],
+                alpha,
+                (wd, lr) if decayed[group[0]] else None,
+            )
         impl.iterations.assign_add(1)
 
     def set_hyperparameters(self, cfg: OptimizerConfig) -> None:
@@ -343,13 +269,11 @@ class CoreOptimizer:
                     var.assign_sub(lr * g)
                 continue
             m, v = slots[f"v{i}_m"], slots[f"v{i}_v"]
-            decay = cfg.name == "adamw" and id(var) not in self.no_decay
+            decays = cfg.name == "adamw" and id(var) not in self.no_decay
             if powers is not None:
-                fused_adam_update(cfg, g, var, m, v, lr, powers, decay and bool(cfg.weight_decay))
+                fused_adam_update(cfg, g, var, m, v, lr, powers, decays and bool(cfg.weight_decay))
                 continue
-            if decay:
-                var.assign_sub(var * cfg.weight_decay * lr)
-            adam_update(cfg, g, var, m, v, alpha)
+            adam_update(cfg, g, var, m, v, alpha, (cfg.weight_decay, lr) if decays else None)
         self.module.iterations.assign_add(1)
 
     @property
