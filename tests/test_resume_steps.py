@@ -137,6 +137,7 @@ def train(recipe: R.Recipe, step: int = 0, saved: dict | None = None) -> Trace:
         recipe=recipe,
         train_feed=Feed(),
         compiled=False,
+        probe_seconds=0.0,  # no train.compile auto measuring (session/choice.py)
         optimizer=SimpleNamespace(iterations=Counter(step)),
         cluster=None,
     )
