@@ -431,7 +431,9 @@ def test_auto_measures_xla_against_graph_once_and_keeps_the_choice(
     kept = choice.read_choices()
     ((key, entry),) = kept.items()
     assert entry["xla_ms"] > 0 and entry["graph_ms"] > 0
-    assert entry["compiler"] == min(("xla", "graph"), key=lambda c: entry[f"{c}_ms"])
+    # graph only where it beats XLA by the margin (closer is a tie, and XLA stays)
+    faster = entry["graph_ms"] < (1 - choice.GRAPH_MARGIN) * entry["xla_ms"]
+    assert entry["compiler"] == ("graph" if faster else "xla")
     assert probed.compiler == entry["compiler"] and probed.choice == entry
     assert probed.probe_seconds > 0 and probed.optimizer.fused is (entry["compiler"] == "graph")
 
