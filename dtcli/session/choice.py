@@ -12,7 +12,8 @@ step shape); later runs, `eval` and `generate` of the same shape read it. Only a
 whose training step holds at least PROBE_FLOPS is measured: below that XLA is kept without
 measuring (the step is dispatch, not matmuls); `graph` must beat XLA by GRAPH_MARGIN. The
 weights and optimizer state are restored after the probe, so the run's numbers are those of the
-chosen path alone; the probe's seconds count into the first step's compile time. `train.compile: xla` or `graph` skips all of this.
+chosen path alone; the probe's seconds count into the first step's compile time.
+`train.compile: xla` or `graph` skips all of this.
 """
 
 from __future__ import annotations
