@@ -157,8 +157,9 @@ class KerasOptimizer:
         (bench/variants.py, 120 steps, alternated with the previous code): the first call of
         the tensor-parallel GPT 14.0 -> 12.8 s, of the one-device GPT 9.3 -> 8.6 s; step time
         and eval loss unchanged (the loss equal to the bit). `ResourceApplyAdam`, one kernel
-        per weight, gave no faster step and crashed DTensor's lowering (LLVM ERROR: Failed to
-        infer result type(s): "tf.Sqrt")."""
+        per weight, crashes DTensor's lowering (LLVM ERROR: Failed to infer result type(s):
+        "tf.Sqrt") and XLA fuses the update by itself: it serves plain variables without XLA
+        alone (`fused`, train.compile graph)."""
         import tensorflow as tf
 
         impl, cfg = self.impl, self.cfg

@@ -12,8 +12,7 @@ def adam_alpha(cfg: OptimizerConfig, lr: Any, step: Any) -> Any:
     tf-keras computes it: once per step, shared by every weight's update."""
     import tensorflow as tf
 
-    beta_1_power = tf.pow(tf.constant(cfg.beta_1, tf.float32), step)
-    beta_2_power = tf.pow(tf.constant(cfg.beta_2, tf.float32), step)
+    beta_1_power, beta_2_power = adam_powers(cfg, step)
     return lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
 
 
